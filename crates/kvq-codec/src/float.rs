@@ -1,0 +1,110 @@
+//! The unquantized baselines: `f32`, `f16` and `bf16`, one row per block, little-endian.
+
+use crate::{check_finite, Codec, CodecError};
+use half::{bf16, f16};
+
+/// Storage format of a [`FloatCodec`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FloatFormat {
+    /// 32-bit IEEE float.
+    F32,
+    /// 16-bit IEEE float (round to nearest even; out-of-range values become ±inf and are
+    /// rejected, since they cannot be represented).
+    F16,
+    /// bfloat16 (round to nearest even).
+    Bf16,
+}
+
+impl FloatFormat {
+    fn bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 | Self::Bf16 => 2,
+        }
+    }
+}
+
+/// Rows stored as plain floats.
+pub struct FloatCodec {
+    format: FloatFormat,
+    head_dim: usize,
+}
+
+impl FloatCodec {
+    /// A float codec for rows of `head_dim` elements.
+    pub fn new(format: FloatFormat, head_dim: usize) -> Self {
+        Self { format, head_dim }
+    }
+
+    /// Reads element `i` of a run of encoded rows.
+    #[inline]
+    fn load(&self, bytes: &[u8], i: usize) -> f32 {
+        match self.format {
+            FloatFormat::F32 => f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap()),
+            FloatFormat::F16 => f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
+            FloatFormat::Bf16 => bf16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
+        }
+    }
+}
+
+impl Codec for FloatCodec {
+    fn name(&self) -> String {
+        match self.format {
+            FloatFormat::F32 => "f32",
+            FloatFormat::F16 => "f16",
+            FloatFormat::Bf16 => "bf16",
+        }
+        .into()
+    }
+    fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+    fn block_tokens(&self) -> usize {
+        1
+    }
+    fn block_bytes(&self) -> usize {
+        self.head_dim * self.format.bytes()
+    }
+    fn encode(&self, rows: &[f32], out: &mut [u8]) -> Result<(), CodecError> {
+        check_finite(rows, self.head_dim)?;
+        for (i, &x) in rows.iter().enumerate() {
+            match self.format {
+                FloatFormat::F32 => out[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes()),
+                FloatFormat::F16 => {
+                    let h = f16::from_f32(x);
+                    if h.is_infinite() {
+                        return Err(CodecError::NonFinite {
+                            row: 0,
+                            channel: i,
+                            value: x,
+                        });
+                    }
+                    out[2 * i..2 * i + 2].copy_from_slice(&h.to_le_bytes())
+                }
+                FloatFormat::Bf16 => {
+                    out[2 * i..2 * i + 2].copy_from_slice(&bf16::from_f32(x).to_le_bytes())
+                }
+            }
+        }
+        Ok(())
+    }
+    fn decode(&self, block: &[u8], rows: &mut [f32]) {
+        for (i, r) in rows.iter_mut().enumerate() {
+            *r = self.load(block, i);
+        }
+    }
+    fn score(&self, query: &[f32], blocks: &[u8], scores: &mut [f32]) {
+        let d = self.head_dim;
+        for (t, s) in scores.iter_mut().enumerate() {
+            *s = (0..d).map(|c| query[c] * self.load(blocks, t * d + c)).sum();
+        }
+    }
+    fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]) {
+        let d = self.head_dim;
+        for (t, &w) in weights.iter().enumerate() {
+            for (c, a) in acc.iter_mut().enumerate() {
+                *a += w * self.load(blocks, t * d + c);
+            }
+        }
+    }
+}

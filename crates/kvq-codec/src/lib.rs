@@ -1,0 +1,179 @@
+//! # kvq-codec
+//!
+//! The quantization schemes of kvq's KV cache. A [`Codec`] turns a block of K or V rows
+//! (`block_tokens × head_dim` f32 values) into a fixed number of bytes and back, and computes
+//! attention's two inner loops directly on those bytes:
+//!
+//! * [`Codec::score`]: `q·k_t` for every key row of a run of encoded blocks;
+//! * [`Codec::accumulate`]: `acc += Σ_t w_t·v_t` over a run of encoded value blocks.
+//!
+//! Neither writes decoded rows to memory. Codecs know nothing of models, files or threads: a codec
+//! is built from a [`SchemeKind`] (parsed from the names of design.md §4.1), a head size, a
+//! [`Role`] (keys or values) and optional [`Calibration`] data.
+//!
+//! Every codec reports its exact storage cost ([`Codec::bits_per_element`]), counting every scale,
+//! minimum, norm, outlier index and value it stores.
+//!
+//! Non-finite input (NaN, ±inf) is rejected by [`Codec::encode`] with [`CodecError::NonFinite`]:
+//! a KV row that holds one is a bug upstream, and no scheme can represent it faithfully.
+
+pub mod bits;
+pub mod float;
+pub mod fp8;
+pub mod ggml;
+pub mod kivi;
+pub mod lloyd_max;
+pub mod oaken;
+pub mod registry;
+pub mod rotation;
+pub mod turbo;
+pub mod uniform;
+
+pub use registry::{build_codec, scheme_names, KvSpec, SchemeKind};
+
+/// Whether a codec stores keys or values; several schemes treat them differently
+/// (per-channel keys, per-token values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Key rows (scored against the query).
+    Key,
+    /// Value rows (accumulated with the softmax weights).
+    Value,
+}
+
+/// Offline statistics for one layer and one role, as `kvq calibrate` records them.
+/// Every field is optional: schemes that need one report a clear error when it is missing.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Calibration {
+    /// Oaken's four thresholds for the 4/90/6 split.
+    pub oaken_thresholds: Option<OakenThresholds>,
+    /// FP8 scale (real value per FP8 unit) shared by every row of this layer and role.
+    pub fp8_scale: Option<f32>,
+    /// Typical absolute magnitude of each channel (length `head_dim`).
+    pub channel_scales: Option<Vec<f32>>,
+    /// Channels that carry outliers, most extreme first (TurboQuant's fractional rates).
+    pub outlier_channels: Option<Vec<usize>>,
+}
+
+/// Oaken's per-layer thresholds on signed values: `lo_outer < lo_inner < hi_inner < hi_outer`.
+/// Values `≤ lo_outer` or `≥ hi_outer` are outer outliers (4%), values strictly between
+/// `lo_inner` and `hi_inner` are inner (6%), the rest is the middle group (90%).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OakenThresholds {
+    /// 2% quantile.
+    pub lo_outer: f32,
+    /// 47% quantile.
+    pub lo_inner: f32,
+    /// 53% quantile.
+    pub hi_inner: f32,
+    /// 98% quantile.
+    pub hi_outer: f32,
+}
+
+/// Errors a codec reports instead of panicking.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum CodecError {
+    /// An input row held NaN or ±inf.
+    #[error("non-finite value {value} at row {row}, channel {channel}: KV rows must be finite")]
+    NonFinite {
+        /// Row within the block.
+        row: usize,
+        /// Channel within the row.
+        channel: usize,
+        /// The offending value.
+        value: f32,
+    },
+    /// A scheme name that the registry does not know.
+    #[error("unknown KV scheme '{name}'; known schemes: {known}")]
+    UnknownScheme {
+        /// The name given.
+        name: String,
+        /// Comma-separated list of valid names.
+        known: String,
+    },
+    /// The scheme cannot be built for this head size.
+    #[error("scheme {scheme} does not support head_dim {head_dim}: {why}")]
+    UnsupportedHeadDim {
+        /// Scheme name.
+        scheme: String,
+        /// Requested head size.
+        head_dim: usize,
+        /// Reason.
+        why: String,
+    },
+    /// The scheme needs calibration data that was not given.
+    #[error("scheme {scheme} needs calibration data ({what}); run `kvq calibrate --text FILE --out PROFILE` and pass `--profile PROFILE`")]
+    MissingCalibration {
+        /// Scheme name.
+        scheme: String,
+        /// What is missing.
+        what: String,
+    },
+    /// Calibration data that cannot be used (wrong length, unordered thresholds, ...).
+    #[error("invalid calibration for {scheme}: {why}")]
+    InvalidCalibration {
+        /// Scheme name.
+        scheme: String,
+        /// Reason.
+        why: String,
+    },
+}
+
+/// A KV-cache quantization scheme for one head size and role.
+///
+/// Layout contract: a block holds [`Codec::block_tokens`] rows in exactly
+/// [`Codec::block_bytes`] bytes; a run of `n` blocks is `n · block_bytes` contiguous bytes, and
+/// the fused kernels take such runs.
+pub trait Codec: Send + Sync {
+    /// The scheme's canonical name (as in design.md §4.1).
+    fn name(&self) -> String;
+    /// Elements per row.
+    fn head_dim(&self) -> usize;
+    /// Rows encoded together into one block (1 for per-token schemes).
+    fn block_tokens(&self) -> usize;
+    /// Exact bytes of one encoded block.
+    fn block_bytes(&self) -> usize;
+    /// Exact storage bits per element: every byte of a block, divided by its elements.
+    fn bits_per_element(&self) -> f64 {
+        (self.block_bytes() * 8) as f64 / (self.block_tokens() * self.head_dim()) as f64
+    }
+    /// Encodes `block_tokens × head_dim` row-major values into `out` (`block_bytes` long).
+    fn encode(&self, rows: &[f32], out: &mut [u8]) -> Result<(), CodecError>;
+    /// Decodes one block into `rows` (`block_tokens × head_dim`).
+    fn decode(&self, block: &[u8], rows: &mut [f32]);
+    /// Length of a prepared query (see [`Codec::prepare_query`]).
+    fn query_len(&self) -> usize {
+        self.head_dim()
+    }
+    /// Transforms a query once per step into the form [`Codec::score`] consumes
+    /// (for example rotated); the default copies it.
+    fn prepare_query(&self, query: &[f32], prepared: &mut [f32]) {
+        prepared.copy_from_slice(query);
+    }
+    /// `scores[t] = q·k_t` for every row of the run of blocks in `blocks`;
+    /// `scores.len() == blocks.len() / block_bytes · block_tokens`.
+    fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]);
+    /// Length of the accumulator [`Codec::accumulate`] works in.
+    fn accumulator_len(&self) -> usize {
+        self.head_dim()
+    }
+    /// `acc += Σ_t weights[t]·v_t` over every row of the run of blocks in `blocks`, in the
+    /// codec's accumulator space; `weights.len()` equals the number of rows.
+    fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]);
+    /// Turns an accumulator into output values (`head_dim` long); the default copies it.
+    fn finish(&self, acc: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(&acc[..self.head_dim()]);
+    }
+}
+
+/// Returns the first non-finite value of `rows` as an error.
+pub fn check_finite(rows: &[f32], head_dim: usize) -> Result<(), CodecError> {
+    match rows.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(CodecError::NonFinite {
+            row: i / head_dim,
+            channel: i % head_dim,
+            value: rows[i],
+        }),
+    }
+}
