@@ -96,7 +96,9 @@ impl Codec for FloatCodec {
     fn score(&self, query: &[f32], blocks: &[u8], scores: &mut [f32]) {
         let d = self.head_dim;
         for (t, s) in scores.iter_mut().enumerate() {
-            *s = (0..d).map(|c| query[c] * self.load(blocks, t * d + c)).sum();
+            *s = (0..d)
+                .map(|c| query[c] * self.load(blocks, t * d + c))
+                .sum();
         }
     }
     fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]) {

@@ -1,1 +1,37 @@
-//! placeholder: replaced by the implementation.
+//! PLACEHOLDER — to be replaced by the real implementation.
+#![allow(unused)]
+use crate::{Calibration, Codec, CodecError, Role};
+
+/// Placeholder.
+pub struct KiviCodec;
+impl KiviCodec {
+    pub fn new(bits: u8, role: Role, head_dim: usize) -> Result<Self, CodecError> {
+        todo!()
+    }
+}
+impl Codec for KiviCodec {
+    fn name(&self) -> String {
+        todo!()
+    }
+    fn head_dim(&self) -> usize {
+        todo!()
+    }
+    fn block_tokens(&self) -> usize {
+        todo!()
+    }
+    fn block_bytes(&self) -> usize {
+        todo!()
+    }
+    fn encode(&self, rows: &[f32], out: &mut [u8]) -> Result<(), CodecError> {
+        todo!()
+    }
+    fn decode(&self, block: &[u8], rows: &mut [f32]) {
+        todo!()
+    }
+    fn score(&self, q: &[f32], blocks: &[u8], scores: &mut [f32]) {
+        todo!()
+    }
+    fn accumulate(&self, w: &[f32], blocks: &[u8], acc: &mut [f32]) {
+        todo!()
+    }
+}

@@ -1,1 +1,1 @@
-//! placeholder: replaced by the implementation.
+//! PLACEHOLDER

@@ -56,8 +56,22 @@ pub fn scheme_names() -> Vec<String> {
     }
     names.extend(
         [
-            "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "kivi4", "kivi2", "oaken", "turbo4",
-            "turbo3.5", "turbo3", "turbo2.5", "turbo2", "turbo4-prod", "turbo3-prod",
+            "q8_0",
+            "q4_0",
+            "q4_1",
+            "q5_0",
+            "q5_1",
+            "iq4_nl",
+            "kivi4",
+            "kivi2",
+            "oaken",
+            "turbo4",
+            "turbo3.5",
+            "turbo3",
+            "turbo2.5",
+            "turbo2",
+            "turbo4-prod",
+            "turbo3-prod",
             "turbo2-prod",
         ]
         .iter()
@@ -168,7 +182,10 @@ impl KvSpec {
                         + &scheme_names().join(", "),
                 });
             };
-            return Ok(Self { k: SchemeKind::parse(k)?, v: SchemeKind::parse(v)? });
+            return Ok(Self {
+                k: SchemeKind::parse(k)?,
+                v: SchemeKind::parse(v)?,
+            });
         }
         let kind = SchemeKind::parse(spec)?;
         Ok(Self { k: kind, v: kind })
@@ -204,10 +221,20 @@ pub fn build_codec(
         SchemeKind::F32 => Box::new(float::FloatCodec::new(float::FloatFormat::F32, head_dim)),
         SchemeKind::F16 => Box::new(float::FloatCodec::new(float::FloatFormat::F16, head_dim)),
         SchemeKind::Bf16 => Box::new(float::FloatCodec::new(float::FloatFormat::Bf16, head_dim)),
-        SchemeKind::Fp8E4M3 => Box::new(fp8::Fp8Codec::new(fp8::Fp8Format::E4M3, head_dim, calibration.fp8_scale)),
-        SchemeKind::Fp8E5M2 => Box::new(fp8::Fp8Codec::new(fp8::Fp8Format::E5M2, head_dim, calibration.fp8_scale)),
+        SchemeKind::Fp8E4M3 => Box::new(fp8::Fp8Codec::new(
+            fp8::Fp8Format::E4M3,
+            head_dim,
+            calibration.fp8_scale,
+        )),
+        SchemeKind::Fp8E5M2 => Box::new(fp8::Fp8Codec::new(
+            fp8::Fp8Format::E5M2,
+            head_dim,
+            calibration.fp8_scale,
+        )),
         SchemeKind::Int8 => Box::new(uniform::Int8Codec::new(role, head_dim)?),
-        SchemeKind::Int { bits, group } => Box::new(uniform::IntCodec::new(bits, group as usize, head_dim)?),
+        SchemeKind::Int { bits, group } => {
+            Box::new(uniform::IntCodec::new(bits, group as usize, head_dim)?)
+        }
         SchemeKind::Q8_0 => Box::new(ggml::GgmlCodec::new(ggml::GgmlType::Q8_0, head_dim)?),
         SchemeKind::Q4_0 => Box::new(ggml::GgmlCodec::new(ggml::GgmlType::Q4_0, head_dim)?),
         SchemeKind::Q4_1 => Box::new(ggml::GgmlCodec::new(ggml::GgmlType::Q4_1, head_dim)?),
@@ -216,9 +243,12 @@ pub fn build_codec(
         SchemeKind::Iq4Nl => Box::new(ggml::GgmlCodec::new(ggml::GgmlType::Iq4Nl, head_dim)?),
         SchemeKind::Kivi { bits } => Box::new(kivi::KiviCodec::new(bits, role, head_dim)?),
         SchemeKind::Oaken => Box::new(oaken::OakenCodec::from_calibration(calibration, head_dim)?),
-        SchemeKind::Turbo { half_bits } => {
-            Box::new(turbo::TurboCodec::mse(half_bits, head_dim, seed, calibration)?)
-        }
+        SchemeKind::Turbo { half_bits } => Box::new(turbo::TurboCodec::mse(
+            half_bits,
+            head_dim,
+            seed,
+            calibration,
+        )?),
         SchemeKind::TurboProd { bits } => Box::new(turbo::TurboCodec::prod(bits, head_dim, seed)?),
     })
 }
@@ -238,14 +268,20 @@ mod tests {
     #[test]
     fn names_are_case_insensitive_and_int_defaults_to_g64() {
         assert_eq!(SchemeKind::parse("Q4_0").unwrap(), SchemeKind::Q4_0);
-        assert_eq!(SchemeKind::parse("INT4").unwrap(), SchemeKind::Int { bits: 4, group: 64 });
+        assert_eq!(
+            SchemeKind::parse("INT4").unwrap(),
+            SchemeKind::Int { bits: 4, group: 64 }
+        );
         assert_eq!(SchemeKind::parse("fp8-e4m3").unwrap(), SchemeKind::Fp8E4M3);
     }
 
     #[test]
     fn unknown_name_lists_known_ones() {
         let err = SchemeKind::parse("q3_k").unwrap_err().to_string();
-        assert!(err.contains("q3_k") && err.contains("turbo3.5") && err.contains("kivi2"), "{err}");
+        assert!(
+            err.contains("q3_k") && err.contains("turbo3.5") && err.contains("kivi2"),
+            "{err}"
+        );
         assert!(SchemeKind::parse("int5").is_err());
         assert!(SchemeKind::parse("int4-g48").is_err());
     }
