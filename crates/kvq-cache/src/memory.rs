@@ -1,0 +1,107 @@
+//! Exact memory accounting: the bytes a cache configuration allocates, by the same rules the
+//! pool follows (pages per sequence, full-precision rows reserved per sequence).
+
+use crate::pool::{flushable, full_row_format};
+use kvq_codec::float::FloatFormat;
+use crate::{CacheError, CacheOptions, LayerShape, Policy};
+use kvq_codec::{build_codec, Calibration, Codec, OakenThresholds, Role, SchemeKind};
+
+/// Pages one sequence of `ctx` tokens holds at most in a layer of `shape`, whose codecs encode
+/// `flush_tokens` tokens at a time.
+pub fn pages_per_sequence(shape: &LayerShape, flush_tokens: usize, options: &CacheOptions, ctx: usize) -> usize {
+    let stored = ctx.saturating_sub(options.sink_tokens);
+    let encoded = flushable(stored, options.hot_window, flush_tokens);
+    let global = encoded.div_ceil(options.page_tokens);
+    match shape.window {
+        None => global,
+        // Live positions span at most window − 1 old tokens plus one appended run; pages are
+        // aligned, so that span touches at most one page more than its length needs.
+        Some(window) => global.min((window - 1 + options.max_append_tokens).div_ceil(options.page_tokens) + 1),
+    }
+}
+
+/// Bytes of a configuration, in total and per layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryReport {
+    /// Bytes allocated by the cache: pages plus reserved full-precision rows.
+    pub bytes: usize,
+    /// `8 · bytes` over the K and V elements the cache holds (every token for global layers,
+    /// at most the window for sliding-window layers).
+    pub bits_per_element: f64,
+    /// Bytes of pages.
+    pub page_bytes: usize,
+    /// Bytes of full-precision rows (sinks and hot window, reserved per sequence).
+    pub full_row_bytes: usize,
+    /// K and V elements held.
+    pub elements: usize,
+    /// Bytes of each layer.
+    pub layer_bytes: Vec<usize>,
+}
+
+/// Calibration used only to size codecs (Oaken needs thresholds to be built): sizes do not
+/// depend on calibration values.
+pub fn sizing_calibration() -> Calibration {
+    Calibration {
+        oaken_thresholds: Some(OakenThresholds { lo_outer: -1.0, lo_inner: -0.1, hi_inner: 0.1, hi_outer: 1.0 }),
+        ..Calibration::default()
+    }
+}
+
+fn sizing_codec(kind: SchemeKind, role: Role, head_dim: usize) -> Result<Box<dyn Codec>, CacheError> {
+    Ok(build_codec(kind, role, head_dim, &sizing_calibration(), 0)?)
+}
+
+/// Computes the memory of `batch` sequences of `ctx` tokens under `policy`.
+pub fn plan(
+    shapes: &[LayerShape],
+    policy: &Policy,
+    options: &CacheOptions,
+    ctx: usize,
+    batch: usize,
+) -> Result<MemoryReport, CacheError> {
+    let mut report = MemoryReport {
+        bytes: 0,
+        bits_per_element: 0.0,
+        page_bytes: 0,
+        full_row_bytes: 0,
+        elements: 0,
+        layer_bytes: Vec::with_capacity(shapes.len()),
+    };
+    for (l, shape) in shapes.iter().enumerate() {
+        let schemes = policy
+            .layers
+            .get(l)
+            .ok_or_else(|| CacheError::Config(format!("policy has no entry for layer {l}")))?;
+        let k = sizing_codec(schemes.k, Role::Key, shape.head_dim)?;
+        let v = sizing_codec(schemes.v, Role::Value, shape.head_dim)?;
+        let flush = lcm(k.block_tokens(), v.block_tokens());
+        let per_page = |c: &dyn Codec| options.page_tokens / c.block_tokens() * c.block_bytes();
+        let page_bytes = shape.kv_heads * (per_page(k.as_ref()) + per_page(v.as_ref()));
+        let pages = batch * pages_per_sequence(shape, flush, options, ctx);
+        let full_bytes_per_row = match full_row_format(schemes.k, schemes.v) {
+            FloatFormat::F32 => 4,
+            FloatFormat::F16 | FloatFormat::Bf16 => 2,
+        };
+        let rows = options.sink_tokens + options.hot_window + flush;
+        let full = batch * 2 * shape.kv_heads * rows * shape.head_dim * full_bytes_per_row;
+        let held = shape.window.map_or(ctx, |w| w.min(ctx));
+        report.page_bytes += pages * page_bytes;
+        report.full_row_bytes += full;
+        report.layer_bytes.push(pages * page_bytes + full);
+        report.elements += batch * held * 2 * shape.kv_heads * shape.head_dim;
+    }
+    report.bytes = report.page_bytes + report.full_row_bytes;
+    report.bits_per_element = 8.0 * report.bytes as f64 / report.elements.max(1) as f64;
+    Ok(report)
+}
+
+pub(crate) fn lcm(a: usize, b: usize) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    a / gcd(a, b) * b
+}

@@ -1,0 +1,499 @@
+//! The page pool, sequences and their block tables.
+
+use crate::memory::{self, lcm};
+use crate::{CacheError, LayerShape, Policy};
+use kvq_codec::float::{FloatCodec, FloatFormat};
+use kvq_codec::{build_codec, check_finite, Calibration, Codec, Role, SchemeKind};
+
+/// Identifies a live sequence of a [`KvCache`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SeqId(pub u32);
+
+/// Options shared by every layer of a cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheOptions {
+    /// Tokens per page; a multiple of every codec's `block_tokens`.
+    pub page_tokens: usize,
+    /// Newest tokens kept in 16-bit floats before they are encoded (0 allowed).
+    pub hot_window: usize,
+    /// First tokens of a sequence kept in 16-bit floats for good (attention sinks).
+    pub sink_tokens: usize,
+    /// Longest run of tokens appended in one call (the prefill chunk); sliding-window layers
+    /// are sized for their window plus one such run.
+    pub max_append_tokens: usize,
+    /// Seed of the codecs' random rotations.
+    pub seed: u64,
+}
+
+impl Default for CacheOptions {
+    fn default() -> Self {
+        Self { page_tokens: 64, hot_window: 0, sink_tokens: 0, max_append_tokens: 512, seed: 0x6b7671 }
+    }
+}
+
+/// A run of consecutive positions of one layer, stored either compressed (in a page, read with
+/// the layer's codecs) or in full precision (sinks and hot window, read with the view's
+/// `full_codec`). The rows of one KV head are contiguous.
+pub struct RowSpan<'a> {
+    /// Position of the first row.
+    pub first_pos: usize,
+    /// Rows in the span.
+    pub tokens: usize,
+    rows: Rows<'a>,
+}
+
+enum Rows<'a> {
+    Page { page: &'a [u8], k_head_bytes: usize, v_head_bytes: usize, heads: usize, k_len: usize, v_len: usize },
+    Full { k: &'a [Vec<u8>], v: &'a [Vec<u8>], from: usize, len: usize },
+}
+
+impl<'a> RowSpan<'a> {
+    /// Whether the rows are encoded with the layer's codecs (else with `full_codec`).
+    pub fn compressed(&self) -> bool {
+        matches!(self.rows, Rows::Page { .. })
+    }
+    /// Encoded key rows of KV head `head`.
+    pub fn keys(&self, head: usize) -> &'a [u8] {
+        match self.rows {
+            Rows::Page { page, k_head_bytes, k_len, .. } => &page[head * k_head_bytes..][..k_len],
+            Rows::Full { k, from, len, .. } => &k[head][from..from + len],
+        }
+    }
+    /// Encoded value rows of KV head `head`.
+    pub fn values(&self, head: usize) -> &'a [u8] {
+        match self.rows {
+            Rows::Page { page, k_head_bytes, v_head_bytes, heads, v_len, .. } => {
+                &page[heads * k_head_bytes + head * v_head_bytes..][..v_len]
+            }
+            Rows::Full { v, from, len, .. } => &v[head][from..from + len],
+        }
+    }
+}
+
+/// What attention needs to read one layer of one sequence.
+pub struct LayerView<'a> {
+    /// Codec of the compressed keys.
+    pub k_codec: &'a dyn Codec,
+    /// Codec of the compressed values.
+    pub v_codec: &'a dyn Codec,
+    /// Codec of full-precision rows (sinks and hot window).
+    pub full_codec: &'a dyn Codec,
+    /// KV heads.
+    pub kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Tokens written so far (positions `0..len`).
+    pub len: usize,
+    /// Rows the codecs encode together (a multiple of both codecs' block sizes); compressed
+    /// spans hold whole multiples of it.
+    pub flush_tokens: usize,
+    /// The stored rows, in position order; positions released by a sliding window are absent.
+    pub spans: Vec<RowSpan<'a>>,
+}
+
+/// One layer's pool of pages and its codecs.
+pub struct LayerPool {
+    shape: LayerShape,
+    k_codec: Box<dyn Codec>,
+    v_codec: Box<dyn Codec>,
+    full_codec: FloatCodec,
+    /// Tokens encoded together (a multiple of both codecs' block sizes).
+    flush_tokens: usize,
+    page_tokens: usize,
+    k_head_bytes: usize,
+    v_head_bytes: usize,
+    arena: Vec<u8>,
+    refcount: Vec<u32>,
+    free: Vec<u32>,
+}
+
+impl LayerPool {
+    fn page_bytes(&self) -> usize {
+        self.shape.kv_heads * (self.k_head_bytes + self.v_head_bytes)
+    }
+    fn pages(&self) -> usize {
+        self.refcount.len()
+    }
+    fn page(&self, id: u32) -> &[u8] {
+        let n = self.page_bytes();
+        &self.arena[id as usize * n..][..n]
+    }
+    fn full_row_bytes(&self) -> usize {
+        self.full_codec.block_bytes()
+    }
+    fn release(&mut self, id: u32) {
+        self.refcount[id as usize] -= 1;
+        if self.refcount[id as usize] == 0 {
+            self.free.push(id);
+        }
+    }
+}
+
+/// One layer of one sequence.
+#[derive(Clone)]
+struct SeqLayer {
+    /// Tokens written.
+    len: usize,
+    /// Tokens encoded into pages (positions `sinks .. sinks + encoded`).
+    encoded: usize,
+    /// Pages in position order; `pages[0]` holds encoded tokens from `first_page * page_tokens`.
+    pages: Vec<u32>,
+    first_page: usize,
+    /// Full-precision sink rows, per head: `sinks × row` bytes each.
+    sink_k: Vec<Vec<u8>>,
+    sink_v: Vec<Vec<u8>>,
+    /// Full-precision rows not yet encoded (positions `sinks + encoded .. len`), per head.
+    stage_k: Vec<Vec<u8>>,
+    stage_v: Vec<Vec<u8>>,
+}
+
+/// The KV cache of a model: one pool per layer and the live sequences.
+pub struct KvCache {
+    layers: Vec<LayerPool>,
+    options: CacheOptions,
+    sequences: Vec<Option<Vec<SeqLayer>>>,
+}
+
+impl KvCache {
+    /// Builds a cache for `shapes` with `policy`, sized for `batch` sequences of `ctx` tokens
+    /// by the rules of [`memory`]. `calibration[l]` holds layer `l`'s (K, V) statistics
+    /// (empty calibrations where none was given).
+    pub fn new(
+        shapes: &[LayerShape],
+        policy: &Policy,
+        calibration: &[(Calibration, Calibration)],
+        options: CacheOptions,
+        ctx: usize,
+        batch: usize,
+    ) -> Result<Self, CacheError> {
+        let mut layers = Vec::with_capacity(shapes.len());
+        for (l, shape) in shapes.iter().enumerate() {
+            let mut pool = Self::empty_pool(l, shape, policy, calibration, &options)?;
+            let pages = batch * memory::pages_per_sequence(shape, pool.flush_tokens, &options, ctx);
+            pool.arena = vec![0u8; pages * pool.page_bytes()];
+            pool.refcount = vec![0; pages];
+            pool.free = (0..pages as u32).rev().collect();
+            layers.push(pool);
+        }
+        Ok(Self { layers, options, sequences: Vec::new() })
+    }
+
+    fn empty_pool(
+        l: usize,
+        shape: &LayerShape,
+        policy: &Policy,
+        calibration: &[(Calibration, Calibration)],
+        options: &CacheOptions,
+    ) -> Result<LayerPool, CacheError> {
+        let schemes = policy
+            .layers
+            .get(l)
+            .ok_or_else(|| CacheError::Config(format!("policy has no entry for layer {l}")))?;
+        let none = (Calibration::default(), Calibration::default());
+        let (k_cal, v_cal) = calibration.get(l).unwrap_or(&none);
+        let seed = options.seed ^ (l as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let k_codec = build_codec(schemes.k, Role::Key, shape.head_dim, k_cal, seed)?;
+        let v_codec = build_codec(schemes.v, Role::Value, shape.head_dim, v_cal, seed ^ 1)?;
+        let flush_tokens = lcm(k_codec.block_tokens(), v_codec.block_tokens());
+        if options.page_tokens == 0 || options.page_tokens % flush_tokens != 0 {
+            return Err(CacheError::Config(format!(
+                "page size {} tokens is not a multiple of layer {l}'s codec block of {flush_tokens} tokens",
+                options.page_tokens
+            )));
+        }
+        let full_format = full_row_format(schemes.k, schemes.v);
+        let page_blocks = |c: &dyn Codec| options.page_tokens / c.block_tokens() * c.block_bytes();
+        Ok(LayerPool {
+            shape: *shape,
+            k_head_bytes: page_blocks(k_codec.as_ref()),
+            v_head_bytes: page_blocks(v_codec.as_ref()),
+            k_codec,
+            v_codec,
+            full_codec: FloatCodec::new(full_format, shape.head_dim),
+            flush_tokens,
+            page_tokens: options.page_tokens,
+            arena: Vec::new(),
+            refcount: Vec::new(),
+            free: Vec::new(),
+        })
+    }
+
+    /// The options the cache was built with.
+    pub fn options(&self) -> &CacheOptions {
+        &self.options
+    }
+
+    /// Layers in the cache.
+    pub fn layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Bytes the cache has allocated: every page of every pool, plus the full-precision rows
+    /// (sinks and hot window) reserved for each live sequence.
+    pub fn allocated_bytes(&self) -> usize {
+        let pages: usize = self.layers.iter().map(|p| p.arena.len()).sum();
+        let rows: usize = self
+            .sequences
+            .iter()
+            .flatten()
+            .map(|seq| {
+                seq.iter()
+                    .map(|sl| {
+                        let cap = |v: &Vec<Vec<u8>>| v.iter().map(|r| r.capacity()).sum::<usize>();
+                        cap(&sl.sink_k) + cap(&sl.sink_v) + cap(&sl.stage_k) + cap(&sl.stage_v)
+                    })
+                    .sum::<usize>()
+            })
+            .sum();
+        pages + rows
+    }
+
+    /// Pages in use and pages in total, over all layers.
+    pub fn page_usage(&self) -> (usize, usize) {
+        let total: usize = self.layers.iter().map(LayerPool::pages).sum();
+        let free: usize = self.layers.iter().map(|p| p.free.len()).sum();
+        (total - free, total)
+    }
+
+    /// Starts an empty sequence.
+    pub fn add_sequence(&mut self) -> SeqId {
+        let layers = self
+            .layers
+            .iter()
+            .map(|pool| {
+                let heads = pool.shape.kv_heads;
+                let row = pool.full_row_bytes();
+                let sinks = self.options.sink_tokens * row;
+                let stage = (self.options.hot_window + pool.flush_tokens) * row;
+                SeqLayer {
+                    len: 0,
+                    encoded: 0,
+                    pages: Vec::new(),
+                    first_page: 0,
+                    sink_k: (0..heads).map(|_| Vec::with_capacity(sinks)).collect(),
+                    sink_v: (0..heads).map(|_| Vec::with_capacity(sinks)).collect(),
+                    stage_k: (0..heads).map(|_| Vec::with_capacity(stage)).collect(),
+                    stage_v: (0..heads).map(|_| Vec::with_capacity(stage)).collect(),
+                }
+            })
+            .collect();
+        self.insert_sequence(layers)
+    }
+
+    fn insert_sequence(&mut self, layers: Vec<SeqLayer>) -> SeqId {
+        match self.sequences.iter().position(Option::is_none) {
+            Some(i) => {
+                self.sequences[i] = Some(layers);
+                SeqId(i as u32)
+            }
+            None => {
+                self.sequences.push(Some(layers));
+                SeqId(self.sequences.len() as u32 - 1)
+            }
+        }
+    }
+
+    fn seq(&self, id: SeqId) -> Result<&Vec<SeqLayer>, CacheError> {
+        self.sequences.get(id.0 as usize).and_then(Option::as_ref).ok_or(CacheError::UnknownSequence(id))
+    }
+
+    /// A new sequence that shares `id`'s pages (copy-on-write) and copies its unencoded rows.
+    pub fn fork(&mut self, id: SeqId) -> Result<SeqId, CacheError> {
+        let layers = self.seq(id)?.clone();
+        for (pool, sl) in self.layers.iter_mut().zip(&layers) {
+            for &p in &sl.pages {
+                pool.refcount[p as usize] += 1;
+            }
+        }
+        Ok(self.insert_sequence(layers))
+    }
+
+    /// Ends a sequence and returns its pages to the pools.
+    pub fn release(&mut self, id: SeqId) -> Result<(), CacheError> {
+        self.seq(id)?;
+        let layers = self.sequences[id.0 as usize].take().expect("checked live");
+        for (pool, sl) in self.layers.iter_mut().zip(layers) {
+            for p in sl.pages {
+                pool.release(p);
+            }
+        }
+        Ok(())
+    }
+
+    /// Tokens written to `layer` of sequence `id`.
+    pub fn len(&self, id: SeqId, layer: usize) -> Result<usize, CacheError> {
+        Ok(self.seq(id)?[layer].len)
+    }
+
+    /// Appends `tokens` rows of keys and values (`tokens × kv_heads × head_dim`, token-major)
+    /// to `layer` of sequence `id`, at the next positions. On error nothing is changed.
+    pub fn append(&mut self, id: SeqId, layer: usize, k: &[f32], v: &[f32], tokens: usize) -> Result<(), CacheError> {
+        self.seq(id)?;
+        let pool = &mut self.layers[layer];
+        let (heads, d) = (pool.shape.kv_heads, pool.shape.head_dim);
+        if k.len() != tokens * heads * d || v.len() != k.len() {
+            return Err(CacheError::Config(format!(
+                "append of {tokens} tokens to layer {layer} needs {} values each for K and V, got {} and {}",
+                tokens * heads * d,
+                k.len(),
+                v.len()
+            )));
+        }
+        check_finite(k, d)?;
+        check_finite(v, d)?;
+        let opts = self.options;
+        let sl = self.sequences[id.0 as usize].as_mut().expect("checked live").get_mut(layer).expect("layer");
+        release_dead_pages(pool, sl, &opts);
+        // Pages needed: new pages for the tokens that will be encoded, plus a copy of a shared
+        // last page that would be written.
+        let stored_after = (sl.len + tokens).saturating_sub(opts.sink_tokens);
+        let encoded_after = flushable(stored_after, opts.hot_window, pool.flush_tokens);
+        let pages_after = encoded_after.div_ceil(pool.page_tokens);
+        let pages_now = sl.encoded.div_ceil(pool.page_tokens);
+        let mut needed = pages_after - pages_now;
+        let last_shared = sl.encoded % pool.page_tokens != 0
+            && encoded_after > sl.encoded
+            && sl.pages.last().is_some_and(|&p| pool.refcount[p as usize] > 1);
+        needed += usize::from(last_shared);
+        if needed > pool.free.len() {
+            return Err(CacheError::Full { layer, pages: pool.pages(), page_tokens: pool.page_tokens });
+        }
+
+        let mut row = vec![0u8; pool.full_row_bytes()];
+        for t in 0..tokens {
+            let into_sink = sl.len < opts.sink_tokens;
+            for h in 0..heads {
+                let at = (t * heads + h) * d;
+                for (src, sink, stage) in
+                    [(k, &mut sl.sink_k[h], &mut sl.stage_k[h]), (v, &mut sl.sink_v[h], &mut sl.stage_v[h])]
+                {
+                    pool.full_codec.encode(&src[at..at + d], &mut row)?;
+                    if into_sink { sink } else { stage }.extend_from_slice(&row);
+                }
+            }
+            sl.len += 1;
+            if sl.stage_k[0].len() >= (opts.hot_window + pool.flush_tokens) * row.len() {
+                flush_block(pool, sl)?;
+            }
+        }
+        debug_assert_eq!(sl.encoded, encoded_after);
+        Ok(())
+    }
+
+    /// The stored rows of `layer` of sequence `id`, for attention.
+    pub fn view(&self, id: SeqId, layer: usize) -> Result<LayerView<'_>, CacheError> {
+        let sl = &self.seq(id)?[layer];
+        let pool = &self.layers[layer];
+        let heads = pool.shape.kv_heads;
+        let row = pool.full_row_bytes();
+        let sinks = sl.len.min(self.options.sink_tokens);
+        let mut spans = Vec::with_capacity(sl.pages.len() + 2);
+        if sinks > 0 {
+            let rows = Rows::Full { k: &sl.sink_k, v: &sl.sink_v, from: 0, len: sinks * row };
+            spans.push(RowSpan { first_pos: 0, tokens: sinks, rows });
+        }
+        let rows_bytes = |c: &dyn Codec, tokens: usize| tokens / c.block_tokens() * c.block_bytes();
+        for (i, &p) in sl.pages.iter().enumerate() {
+            let first = (sl.first_page + i) * pool.page_tokens;
+            let tokens = pool.page_tokens.min(sl.encoded - first);
+            let rows = Rows::Page {
+                page: pool.page(p),
+                k_head_bytes: pool.k_head_bytes,
+                v_head_bytes: pool.v_head_bytes,
+                heads,
+                k_len: rows_bytes(pool.k_codec.as_ref(), tokens),
+                v_len: rows_bytes(pool.v_codec.as_ref(), tokens),
+            };
+            spans.push(RowSpan { first_pos: sinks + first, tokens, rows });
+        }
+        let staged = sl.len - sinks - sl.encoded;
+        if staged > 0 {
+            let rows = Rows::Full { k: &sl.stage_k, v: &sl.stage_v, from: 0, len: staged * row };
+            spans.push(RowSpan { first_pos: sinks + sl.encoded, tokens: staged, rows });
+        }
+        Ok(LayerView {
+            k_codec: pool.k_codec.as_ref(),
+            v_codec: pool.v_codec.as_ref(),
+            full_codec: &pool.full_codec,
+            kv_heads: heads,
+            head_dim: pool.shape.head_dim,
+            len: sl.len,
+            flush_tokens: pool.flush_tokens,
+            spans,
+        })
+    }
+}
+
+/// Encodes the oldest `flush_tokens` staged rows of every head into the sequence's last page.
+fn flush_block(pool: &mut LayerPool, sl: &mut SeqLayer) -> Result<(), CacheError> {
+    let (heads, d) = (pool.shape.kv_heads, pool.shape.head_dim);
+    let n = pool.flush_tokens;
+    let slot = sl.encoded % pool.page_tokens;
+    if slot == 0 {
+        let page = pool.free.pop().expect("append reserved the pages it needs");
+        pool.refcount[page as usize] = 1;
+        sl.pages.push(page);
+    } else {
+        let last = sl.pages.last_mut().expect("a partly filled page");
+        if pool.refcount[*last as usize] > 1 {
+            let copy = pool.free.pop().expect("append reserved the copy");
+            let bytes = pool.page_bytes();
+            pool.arena.copy_within(*last as usize * bytes..(*last as usize + 1) * bytes, copy as usize * bytes);
+            pool.refcount[*last as usize] -= 1;
+            pool.refcount[copy as usize] = 1;
+            *last = copy;
+        }
+    }
+    let page = *sl.pages.last().expect("page");
+    let row = pool.full_row_bytes();
+    let mut rows = vec![0f32; n * d];
+    for h in 0..heads {
+        for (stage, codec, base) in [
+            (&mut sl.stage_k[h], pool.k_codec.as_ref(), h * pool.k_head_bytes),
+            (&mut sl.stage_v[h], pool.v_codec.as_ref(), heads * pool.k_head_bytes + h * pool.v_head_bytes),
+        ] {
+            for (t, r) in rows.chunks_exact_mut(d).enumerate() {
+                pool.full_codec.decode(&stage[t * row..(t + 1) * row], r);
+            }
+            stage.drain(..n * row);
+            let (bt, bb) = (codec.block_tokens(), codec.block_bytes());
+            let n_bytes = pool.page_bytes();
+            let at = page as usize * n_bytes + base + slot / bt * bb;
+            for (b, block_rows) in rows.chunks_exact(bt * d).enumerate() {
+                codec.encode(block_rows, &mut pool.arena[at + b * bb..at + (b + 1) * bb])?;
+            }
+        }
+    }
+    sl.encoded += n;
+    Ok(())
+}
+
+/// Returns to the pool the pages of a sliding-window layer that no query from position
+/// `len` on can see (every position `< len + 1 − window`).
+fn release_dead_pages(pool: &mut LayerPool, sl: &mut SeqLayer, opts: &CacheOptions) {
+    let Some(window) = pool.shape.window else { return };
+    let first_live = (sl.len + 1).saturating_sub(window);
+    let first_live_encoded = first_live.saturating_sub(opts.sink_tokens);
+    let dead_pages = (first_live_encoded / pool.page_tokens).saturating_sub(sl.first_page).min(sl.pages.len());
+    for p in sl.pages.drain(..dead_pages) {
+        pool.release(p);
+    }
+    sl.first_page += dead_pages;
+}
+
+/// Format of the full-precision rows (sinks, hot window): f16, or the scheme itself when both
+/// K and V are unquantized floats.
+pub(crate) fn full_row_format(k: SchemeKind, v: SchemeKind) -> FloatFormat {
+    match (k, v) {
+        (SchemeKind::F32, SchemeKind::F32 | SchemeKind::F16 | SchemeKind::Bf16)
+        | (SchemeKind::F16 | SchemeKind::Bf16, SchemeKind::F32) => FloatFormat::F32,
+        (SchemeKind::Bf16, SchemeKind::Bf16) => FloatFormat::Bf16,
+        _ => FloatFormat::F16,
+    }
+}
+
+/// Tokens encoded once `stored` non-sink tokens were written: whole blocks of `flush` tokens
+/// that have left the hot window.
+pub(crate) fn flushable(stored: usize, hot_window: usize, flush: usize) -> usize {
+    stored.saturating_sub(hot_window) / flush * flush
+}

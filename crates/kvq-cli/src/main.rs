@@ -1,0 +1,49 @@
+//! `kvq`: run language models on compressed KV caches, and measure what the compression costs
+//! in quality and saves in memory and time. Each subcommand lives in its own module; this file
+//! holds the argument definitions shared by several of them.
+
+mod args;
+mod codecs;
+mod generate;
+mod info;
+mod memory;
+mod ppl;
+
+use clap::{Parser, Subcommand};
+
+/// kvq — compressed KV caches for LLM inference.
+#[derive(Parser)]
+#[command(name = "kvq", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// A model's architecture, hyperparameters and tensor-type histogram.
+    Info(info::Args),
+    /// Every KV scheme with its exact bits per element for a head size.
+    Codecs(codecs::Args),
+    /// Generate text on a compressed KV cache (tokens stream to stdout).
+    Generate(generate::Args),
+    /// Perplexity over a text file with the cache in the loop (llama-perplexity's procedure).
+    Ppl(ppl::Args),
+    /// Exact KV-cache bytes for a model, context, batch and scheme.
+    Memory(memory::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info(a) => info::run(a),
+        Command::Codecs(a) => codecs::run(a),
+        Command::Generate(a) => generate::run(a),
+        Command::Ppl(a) => ppl::run(a),
+        Command::Memory(a) => memory::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

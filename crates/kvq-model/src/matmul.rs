@@ -1,0 +1,392 @@
+//! Matrix products with quantized weights, on all cores.
+//!
+//! * One token (decode): [`QMatrix::matvec`] quantizes the activations to 8 bits in blocks of 32
+//!   ([`QActivations`]) and takes integer dot products with the weight blocks as they are
+//!   stored, with AVX2 kernels for the types the reference model uses (Q8_0, Q5_0, Q4_K, Q6_K)
+//!   and a portable path for the rest.
+//! * Many tokens (prefill): [`QMatrix::matmul`] dequantizes tiles of weight rows to f32 once and
+//!   multiplies them with every token through `matrixmultiply`'s SGEMM.
+//!
+//! Work is split over output rows on rayon's pool.
+
+use crate::gguf::TensorType;
+use crate::quant::{dequantize_row, QActivations};
+use rayon::prelude::*;
+
+/// A weight matrix of `rows × cols` elements (`cols` is the input width), stored as GGUF stores
+/// it: row-major blocks of `dtype`.
+pub struct QMatrix {
+    /// Element type.
+    pub dtype: TensorType,
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    /// The raw bytes, `rows · dtype.row_bytes(cols)` long.
+    pub data: Vec<u8>,
+}
+
+/// Output rows per parallel task of a matrix-vector product.
+const MATVEC_ROWS_PER_TASK: usize = 64;
+/// Weight rows dequantized per tile of a matrix-matrix product.
+const MATMUL_TILE_ROWS: usize = 128;
+
+impl QMatrix {
+    /// Bytes of one weight row.
+    pub fn row_bytes(&self) -> usize {
+        self.dtype.row_bytes(self.cols)
+    }
+
+    /// The bytes of weight row `r`.
+    pub fn row(&self, r: usize) -> &[u8] {
+        let n = self.row_bytes();
+        &self.data[r * n..(r + 1) * n]
+    }
+
+    /// Dequantizes weight row `r` into `out` (`cols` long).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        dequantize_row(self.dtype, self.row(r), out);
+    }
+
+    /// `y = W·x` for one activation vector (`x.len() == cols`, `y.len() == rows`).
+    pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        let mut qx = QActivations::default();
+        if self.uses_integer_kernel() {
+            qx.quantize(x);
+        }
+        y.par_chunks_mut(MATVEC_ROWS_PER_TASK).enumerate().for_each(|(task, ys)| {
+            let first = task * MATVEC_ROWS_PER_TASK;
+            let mut scratch = Vec::new();
+            for (i, yv) in ys.iter_mut().enumerate() {
+                *yv = self.row_dot(first + i, x, &qx, &mut scratch);
+            }
+        });
+    }
+
+    /// `Y = X·Wᵀ` for `tokens` activation rows (`x`: `tokens × cols`, `y`: `tokens × rows`).
+    pub fn matmul(&self, x: &[f32], tokens: usize, y: &mut [f32]) {
+        if tokens < 4 {
+            for (xr, yr) in x.chunks_exact(self.cols).zip(y.chunks_exact_mut(self.rows)) {
+                self.matvec(xr, yr);
+            }
+            return;
+        }
+        let out = SharedOut(y.as_mut_ptr());
+        let tiles = self.rows.div_ceil(MATMUL_TILE_ROWS);
+        (0..tiles).into_par_iter().for_each(|tile| {
+            let first = tile * MATMUL_TILE_ROWS;
+            let n = MATMUL_TILE_ROWS.min(self.rows - first);
+            let mut w = vec![0f32; n * self.cols];
+            for (i, wr) in w.chunks_exact_mut(self.cols).enumerate() {
+                self.dequantize_row(first + i, wr);
+            }
+            // SAFETY: each tile writes only columns first..first+n of every row of `y`, and
+            // tiles are disjoint; `y` outlives the parallel loop.
+            unsafe {
+                matrixmultiply::sgemm(
+                    tokens,
+                    self.cols,
+                    n,
+                    1.0,
+                    x.as_ptr(),
+                    self.cols as isize,
+                    1,
+                    w.as_ptr(),
+                    1,
+                    self.cols as isize,
+                    0.0,
+                    out.get().add(first),
+                    self.rows as isize,
+                    1,
+                );
+            }
+        });
+    }
+
+    fn uses_integer_kernel(&self) -> bool {
+        simd::available()
+            && matches!(self.dtype, TensorType::Q8_0 | TensorType::Q5_0 | TensorType::Q4K | TensorType::Q6K)
+    }
+
+    /// Dot product of weight row `r` with the activations.
+    fn row_dot(&self, r: usize, x: &[f32], qx: &QActivations, scratch: &mut Vec<f32>) -> f32 {
+        if self.uses_integer_kernel() {
+            // SAFETY: `uses_integer_kernel` checked that the CPU has AVX2 and FMA.
+            return unsafe { simd::row_dot(self.dtype, self.row(r), qx) };
+        }
+        scratch.resize(self.cols, 0.0);
+        self.dequantize_row(r, scratch);
+        scratch.iter().zip(x).map(|(a, b)| a * b).sum()
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: used only for disjoint writes inside `matmul`.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+impl SharedOut {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    //! AVX2 integer dot products of one weight row with 8-bit activations.
+    use crate::gguf::TensorType;
+    use crate::quant::{k_scale_min, QActivations};
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// Whether the CPU runs these kernels (AVX2 and FMA).
+    pub fn available() -> bool {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+
+    #[inline]
+    fn f16_at(b: &[u8], at: usize) -> f32 {
+        f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+    }
+
+    /// Dot of weight row `row` (type `dtype`) with `qx`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn row_dot(dtype: TensorType, row: &[u8], qx: &QActivations) -> f32 {
+        match dtype {
+            TensorType::Q8_0 => dot_q8_0(row, qx),
+            TensorType::Q5_0 => dot_q5_0(row, qx),
+            TensorType::Q4K => dot_q4_k(row, qx),
+            TensorType::Q6K => dot_q6_k(row, qx),
+            _ => unreachable!("no integer kernel for {dtype:?}"),
+        }
+    }
+
+    /// Signed 8-bit dot of 32 pairs, as 8 i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_signed(w: __m256i, x: __m256i) -> __m256i {
+        let abs_w = _mm256_sign_epi8(w, w);
+        let x_signed = _mm256_sign_epi8(x, w);
+        let pairs = _mm256_maddubs_epi16(abs_w, x_signed);
+        _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load_x(qx: &QActivations, block: usize) -> __m256i {
+        _mm256_loadu_si256(qx.quants.as_ptr().add(32 * block) as *const __m256i)
+    }
+
+    /// 32 bytes, byte `i` = 0xFF where bit `i` of `bits` is set.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn bytes_from_bits(bits: u32) -> __m256i {
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(bits as i32),
+            _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
+        );
+        let all_but_one = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+        _mm256_cmpeq_epi8(_mm256_or_si256(spread, all_but_one), _mm256_set1_epi64x(-1))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_q8_0(row: &[u8], qx: &QActivations) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        for (b, blk) in row.chunks_exact(34).enumerate() {
+            let w = _mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i);
+            let dots = _mm256_cvtepi32_ps(dot_signed(w, load_x(qx, b)));
+            let scale = _mm256_set1_ps(f16_at(blk, 0) * qx.scales[b]);
+            acc = _mm256_fmadd_ps(dots, scale, acc);
+        }
+        hsum(acc)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_q5_0(row: &[u8], qx: &QActivations) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let low_mask = _mm_set1_epi8(0x0F);
+        for (b, blk) in row.chunks_exact(22).enumerate() {
+            let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+            let qs = _mm_loadu_si128(blk.as_ptr().add(6) as *const __m128i);
+            let lo = _mm_and_si128(qs, low_mask);
+            let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low_mask);
+            let nibbles = _mm256_set_m128i(hi, lo);
+            // value = (nibble | fifth_bit << 4) - 16: where the fifth bit is clear, OR 0xF0.
+            let missing_bit = _mm256_andnot_si256(bytes_from_bits(qh), _mm256_set1_epi8(0xF0u8 as i8));
+            let w = _mm256_or_si256(nibbles, missing_bit);
+            let dots = _mm256_cvtepi32_ps(dot_signed(w, load_x(qx, b)));
+            let scale = _mm256_set1_ps(f16_at(blk, 0) * qx.scales[b]);
+            acc = _mm256_fmadd_ps(dots, scale, acc);
+        }
+        hsum(acc)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_q4_k(row: &[u8], qx: &QActivations) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let mut min_sum = 0f32;
+        let low_mask = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        for (sb, blk) in row.chunks_exact(144).enumerate() {
+            let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+            let scales = &blk[4..16];
+            for chunk in 0..4 {
+                let q = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * chunk) as *const __m256i);
+                let halves = [_mm256_and_si256(q, low_mask), _mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask)];
+                for (h, w) in halves.into_iter().enumerate() {
+                    let j = 2 * chunk + h;
+                    let b = 8 * sb + j;
+                    let (sc, m) = k_scale_min(scales, j);
+                    let pairs = _mm256_maddubs_epi16(w, load_x(qx, b));
+                    let dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+                    let scale = _mm256_set1_ps(d * f32::from(sc) * qx.scales[b]);
+                    acc = _mm256_fmadd_ps(dots, scale, acc);
+                    min_sum += dmin * f32::from(m) * (qx.half_sums[2 * b] + qx.half_sums[2 * b + 1]);
+                }
+            }
+        }
+        hsum(acc) - min_sum
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_q6_k(row: &[u8], qx: &QActivations) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let mut offset_sum = 0f32;
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m2 = _mm256_set1_epi8(0x03);
+        for (sb, blk) in row.chunks_exact(210).enumerate() {
+            let d = f16_at(blk, 208);
+            for half in 0..2 {
+                let ql0 = _mm256_loadu_si256(blk.as_ptr().add(64 * half) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(blk.as_ptr().add(64 * half + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(blk.as_ptr().add(128 + 32 * half) as *const __m256i);
+                let high = |shift: i32| -> __m256i {
+                    let bits = match shift {
+                        0 => qh,
+                        2 => _mm256_srli_epi16(qh, 2),
+                        4 => _mm256_srli_epi16(qh, 4),
+                        _ => _mm256_srli_epi16(qh, 6),
+                    };
+                    _mm256_slli_epi16(_mm256_and_si256(bits, m2), 4)
+                };
+                let groups = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
+                ];
+                let sc = &blk[192 + 8 * half..192 + 8 * half + 8];
+                for (g, w) in groups.into_iter().enumerate() {
+                    let b = 8 * sb + 4 * half + g;
+                    let (sc_a, sc_b) = (sc[2 * g] as i8, sc[2 * g + 1] as i8);
+                    let pairs = _mm256_maddubs_epi16(w, load_x(qx, b));
+                    let scale16 = _mm256_set_m128i(_mm_set1_epi16(i16::from(sc_b)), _mm_set1_epi16(i16::from(sc_a)));
+                    let dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, scale16));
+                    acc = _mm256_fmadd_ps(dots, _mm256_set1_ps(d * qx.scales[b]), acc);
+                    offset_sum += 32.0
+                        * d
+                        * (f32::from(sc_a) * qx.half_sums[2 * b] + f32::from(sc_b) * qx.half_sums[2 * b + 1]);
+                }
+            }
+        }
+        hsum(acc) - offset_sum
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod simd {
+    use crate::gguf::TensorType;
+    use crate::quant::QActivations;
+    pub fn available() -> bool {
+        false
+    }
+    pub unsafe fn row_dot(_: TensorType, _: &[u8], _: &QActivations) -> f32 {
+        unreachable!()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// Random bytes make valid blocks of every type once the f16 scales are tamed.
+    fn random_matrix(dtype: TensorType, rows: usize, cols: usize, seed: u64) -> QMatrix {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut data: Vec<u8> = (0..rows * dtype.row_bytes(cols)).map(|_| rng.gen()).collect();
+        let (_, block_bytes) = dtype.block();
+        let scale_offsets: &[usize] = match dtype {
+            TensorType::Q8_0 | TensorType::Q5_0 | TensorType::Q4_0 => &[0],
+            TensorType::Q4K => &[0, 2],
+            TensorType::Q6K => &[208],
+            _ => &[],
+        };
+        for blk in data.chunks_exact_mut(block_bytes) {
+            for &o in scale_offsets {
+                let v = half::f16::from_f32(rng.gen_range(-0.05..0.05));
+                blk[o..o + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        QMatrix { dtype, rows, cols, data }
+    }
+
+    fn reference_matvec(w: &QMatrix, x: &[f32]) -> Vec<f32> {
+        let mut row = vec![0f32; w.cols];
+        (0..w.rows)
+            .map(|r| {
+                w.dequantize_row(r, &mut row);
+                row.iter().zip(x).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>() as f32
+            })
+            .collect()
+    }
+
+    #[test]
+    fn integer_kernels_match_dequantized_dot_products() {
+        for dtype in [TensorType::Q8_0, TensorType::Q5_0, TensorType::Q4K, TensorType::Q6K, TensorType::Q4_0] {
+            let (rows, cols) = (70, 512);
+            let w = random_matrix(dtype, rows, cols, 7);
+            let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+            let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            // Integer kernels see 8-bit activations: compare against the exact product with
+            // those activations, and loosely against the f32 activations.
+            let mut qx = QActivations::default();
+            qx.quantize(&x);
+            let exact = reference_matvec(&w, &qx.dequantize());
+            let mut y = vec![0f32; rows];
+            w.matvec(&x, &mut y);
+            let norm = exact.iter().map(|v| v.abs()).fold(0f32, f32::max).max(1e-3);
+            for (r, (a, b)) in y.iter().zip(&exact).enumerate() {
+                let tol = if w.uses_integer_kernel() { 1e-4 } else { 2e-2 };
+                assert!((a - b).abs() <= tol * norm, "{dtype:?} row {r}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_equals_repeated_matvec_on_f32_activations() {
+        let w = random_matrix(TensorType::Q5_0, 300, 256, 11);
+        let tokens = 9;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let x: Vec<f32> = (0..tokens * 256).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let mut y = vec![0f32; tokens * 300];
+        w.matmul(&x, tokens, &mut y);
+        for t in 0..tokens {
+            let exact = reference_matvec(&w, &x[t * 256..(t + 1) * 256]);
+            for (a, b) in y[t * 300..(t + 1) * 300].iter().zip(&exact) {
+                assert!((a - b).abs() < 1e-3 * (1.0 + b.abs()), "{a} vs {b}");
+            }
+        }
+    }
+}
