@@ -1,47 +1,622 @@
-//! PLACEHOLDER — to be replaced by the real implementation.
-#![allow(unused)]
-use crate::{Calibration, Codec, CodecError, Role};
+//! llama.cpp's block formats, byte for byte: `q8_0`, `q4_0`, `q4_1`, `q5_0`, `q5_1`, `iq4_nl`
+//! (ggml-common.h; methods.md §5.3). Every block holds 32 consecutive elements of a row; a row of
+//! `head_dim` (a multiple of 32) is `head_dim/32` blocks, and one codec block is one row.
+//!
+//! | type | bytes | layout (f16 little-endian) | value of element j | bits/elem |
+//! |---|---|---|---|---|
+//! | q8_0 | 34 | `d`, `qs[32]` (i8) | `d·qs[j]` | 8.5 |
+//! | q4_0 | 18 | `d`, `qs[16]` | `d·(n_j − 8)` | 4.5 |
+//! | q4_1 | 20 | `d`, `m`, `qs[16]` | `d·n_j + m` | 5.0 |
+//! | q5_0 | 22 | `d`, `qh[4]`, `qs[16]` | `d·(n_j + 16·h_j − 16)` | 5.5 |
+//! | q5_1 | 24 | `d`, `m`, `qh[4]`, `qs[16]` | `d·(n_j + 16·h_j) + m` | 6.0 |
+//! | iq4_nl | 18 | `d`, `qs[16]` | `d·IQ4_NL_VALUES[n_j]` | 4.5 |
+//!
+//! `n_j` is the low nibble of `qs[j]` for `j < 16` and the high nibble of `qs[j−16]` otherwise;
+//! `h_j` is bit `j` of `qh` read as a little-endian u32. The bits per element are the same at
+//! every head size.
+//!
+//! The quantizers follow llama.cpp's reference quantizers (`quantize_row_*_ref` in
+//! ggml-quants.c) operation for operation in f32: the same scale (`amax/127`; the signed
+//! largest-magnitude value over −8 or −16; `(max−min)/15` or `/31`), the same reciprocal, the
+//! same truncating `+ 0.5` rounding and clamps, and f16 round-to-nearest-even of the stored
+//! scale, so their blocks equal llama.cpp's. `iq4_nl` follows `quantize_row_iq4_nl_impl` with
+//! llama.cpp's KV-cache settings (one 32-element block, no importance weights, weights `x²`,
+//! `ntry = 7` scale candidates). The one deviation: this code never fuses a multiply and an add,
+//! while a llama.cpp build that lets the C compiler contract them into FMAs (GCC's default with
+//! `-march=native`) can pick a different scale when two candidates tie to the last bit.
+//!
+//! The block functions ([`GgmlType::quantize_block`], [`GgmlType::dequantize_block`],
+//! [`GgmlType::dequantize_row`]) are public so that GGUF weights use the same implementation.
 
+use crate::uniform::{out_of_f16_range, read_f16};
+use crate::{check_finite, Codec, CodecError};
+use half::f16;
+
+/// Elements per block in every format here.
+pub const QK: usize = 32;
+
+/// The 16 levels of `iq4_nl` (llama.cpp's `kvalues_iq4nl`).
+pub const IQ4_NL_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// One of llama.cpp's 32-element block formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GgmlType {
+    /// 8-bit symmetric.
     Q8_0,
+    /// 4-bit symmetric (offset 8).
     Q4_0,
+    /// 4-bit with a minimum.
     Q4_1,
+    /// 5-bit symmetric (offset 16).
     Q5_0,
+    /// 5-bit with a minimum.
     Q5_1,
+    /// 4-bit non-linear levels ([`IQ4_NL_VALUES`]).
     Iq4Nl,
 }
 
-/// Placeholder.
-pub struct GgmlCodec;
-impl GgmlCodec {
-    pub fn new(t: GgmlType, head_dim: usize) -> Result<Self, CodecError> {
-        todo!()
+/// A block split into `x_j = d·level_j + m`.
+struct Levels {
+    d: f32,
+    m: f32,
+    level: [i8; QK],
+}
+
+impl GgmlType {
+    /// The type's llama.cpp name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Q8_0 => "q8_0",
+            Self::Q4_0 => "q4_0",
+            Self::Q4_1 => "q4_1",
+            Self::Q5_0 => "q5_0",
+            Self::Q5_1 => "q5_1",
+            Self::Iq4Nl => "iq4_nl",
+        }
+    }
+
+    /// Bytes of one 32-element block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Self::Q8_0 => 34,
+            Self::Q4_0 | Self::Iq4Nl => 18,
+            Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
+        }
+    }
+
+    /// Whether blocks store a minimum `m`.
+    fn has_min(self) -> bool {
+        matches!(self, Self::Q4_1 | Self::Q5_1)
+    }
+
+    /// Encodes 32 values into one block (`block_bytes` long), as llama.cpp's reference
+    /// quantizer does. Non-finite input gives an unspecified (but memory-safe) block.
+    pub fn quantize_block(self, x: &[f32], out: &mut [u8]) {
+        assert_eq!(x.len(), QK, "a ggml block holds {QK} values");
+        let mut n = [0u8; QK];
+        match self {
+            Self::Q8_0 => {
+                let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                let d = amax / 127.0;
+                let id = reciprocal(d);
+                write_f16(out, 0, d);
+                for (q, &v) in out[2..34].iter_mut().zip(x) {
+                    *q = ((v * id).round() as i8) as u8;
+                }
+                return;
+            }
+            Self::Q4_0 | Self::Q5_0 => {
+                let nmid = if self == Self::Q4_0 { 8.0 } else { 16.0 };
+                let d = signed_absmax(x) / -nmid;
+                let id = reciprocal(d);
+                write_f16(out, 0, d);
+                let (offset, top) = (nmid + 0.5, 2.0 * nmid - 1.0);
+                for (n, &v) in n.iter_mut().zip(x) {
+                    *n = f32::from((v * id + offset) as i8).min(top) as u8;
+                }
+            }
+            Self::Q4_1 | Self::Q5_1 => {
+                let (min, max) = x
+                    .iter()
+                    .fold((f32::MAX, -f32::MAX), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                let top = if self == Self::Q4_1 { 15.0 } else { 31.0 };
+                let d = (max - min) / top;
+                let id = reciprocal(d);
+                write_f16(out, 0, d);
+                write_f16(out, 2, min);
+                for (n, &v) in n.iter_mut().zip(x) {
+                    let scaled = (v - min) * id + 0.5;
+                    *n = if self == Self::Q4_1 {
+                        f32::from(scaled as i8).min(top) as u8
+                    } else {
+                        scaled as u8
+                    };
+                }
+            }
+            Self::Iq4Nl => {
+                let d = iq4_nl_scale(x);
+                write_f16(out, 0, d);
+                let id = reciprocal(d);
+                for (n, &v) in n.iter_mut().zip(x) {
+                    *n = iq4_nl_index(id * v);
+                }
+            }
+        }
+        let qs_at = self.block_bytes() - QK / 2;
+        for j in 0..QK / 2 {
+            out[qs_at + j] = (n[j] & 0x0F) | ((n[j + QK / 2] & 0x0F) << 4);
+        }
+        if matches!(self, Self::Q5_0 | Self::Q5_1) {
+            let qh = n
+                .iter()
+                .enumerate()
+                .fold(0u32, |qh, (j, &n)| qh | (u32::from(n >> 4) & 1) << j);
+            out[qs_at - 4..qs_at].copy_from_slice(&qh.to_le_bytes());
+        }
+    }
+
+    /// Splits a block into its scale, minimum and integer levels.
+    #[inline]
+    fn levels(self, block: &[u8]) -> Levels {
+        let d = read_f16(block, 0);
+        let m = if self.has_min() {
+            read_f16(block, 2)
+        } else {
+            0.0
+        };
+        let mut level = [0i8; QK];
+        if self == Self::Q8_0 {
+            for (l, &b) in level.iter_mut().zip(&block[2..34]) {
+                *l = b as i8;
+            }
+            return Levels { d, m, level };
+        }
+        let qs_at = self.block_bytes() - QK / 2;
+        let qs = &block[qs_at..qs_at + QK / 2];
+        let qh = match self {
+            Self::Q5_0 | Self::Q5_1 => {
+                u32::from_le_bytes(block[qs_at - 4..qs_at].try_into().unwrap())
+            }
+            _ => 0,
+        };
+        for (j, l) in level.iter_mut().enumerate() {
+            let byte = qs[j % (QK / 2)];
+            let nibble = if j < QK / 2 { byte & 0x0F } else { byte >> 4 };
+            let n = nibble | (((qh >> j) & 1) << 4) as u8;
+            *l = match self {
+                Self::Q4_0 => n as i8 - 8,
+                Self::Q5_0 => n as i8 - 16,
+                Self::Iq4Nl => IQ4_NL_VALUES[usize::from(nibble)],
+                _ => n as i8,
+            };
+        }
+        Levels { d, m, level }
+    }
+
+    /// Decodes one block into 32 values.
+    pub fn dequantize_block(self, block: &[u8], out: &mut [f32]) {
+        let Levels { d, m, level } = self.levels(block);
+        for (x, &l) in out[..QK].iter_mut().zip(&level) {
+            *x = d * f32::from(l) + m;
+        }
+    }
+
+    /// Decodes a run of blocks (`out.len()` a multiple of 32 values).
+    pub fn dequantize_row(self, blocks: &[u8], out: &mut [f32]) {
+        for (block, xs) in blocks
+            .chunks_exact(self.block_bytes())
+            .zip(out.chunks_exact_mut(QK))
+        {
+            self.dequantize_block(block, xs);
+        }
     }
 }
+
+fn reciprocal(d: f32) -> f32 {
+    if d != 0.0 {
+        1.0 / d
+    } else {
+        0.0
+    }
+}
+
+fn write_f16(out: &mut [u8], at: usize, v: f32) {
+    out[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+}
+
+/// The first value of largest magnitude, with its sign.
+fn signed_absmax(x: &[f32]) -> f32 {
+    x.iter()
+        .fold((0.0f32, 0.0f32), |(amax, max), &v| {
+            if amax < v.abs() {
+                (v.abs(), v)
+            } else {
+                (amax, max)
+            }
+        })
+        .1
+}
+
+/// The index of the level of [`IQ4_NL_VALUES`] nearest to `x` (the lower one on ties), by
+/// llama.cpp's bisection.
+fn iq4_nl_index(x: f32) -> u8 {
+    let level = |i: usize| f32::from(IQ4_NL_VALUES[i]);
+    if x <= level(0) {
+        return 0;
+    }
+    if x >= level(15) {
+        return 15;
+    }
+    let (mut lo, mut hi) = (0usize, 15usize);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if x < level(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    if x - level(hi - 1) < level(hi) - x {
+        (hi - 1) as u8
+    } else {
+        hi as u8
+    }
+}
+
+/// llama.cpp's `iq4_nl` scale search for one block: the weighted (`x²`) least-squares scale of
+/// the best of 16 candidate level assignments (`max/127` and `(t − 127)/max` for
+/// `t = −7..=7`); 0 for an all-but-zero block.
+fn iq4_nl_scale(x: &[f32]) -> f32 {
+    let max = signed_absmax(x);
+    if max.abs() < 1e-15 {
+        return 0.0;
+    }
+    // Σ w·q·x and Σ w·q² for the levels q nearest to id·x, w = x², in llama.cpp's order.
+    let sums = |id: f32| {
+        x.iter().fold((0.0f32, 0.0f32), |(sqx, sq2), &v| {
+            let q = f32::from(IQ4_NL_VALUES[usize::from(iq4_nl_index(id * v))]);
+            let w = v * v;
+            (sqx + w * q * v, sq2 + w * q * q)
+        })
+    };
+    let level0 = f32::from(IQ4_NL_VALUES[0]);
+    let (sumqx, sumq2) = sums(1.0 / (-max / level0));
+    let mut d = sumqx / sumq2;
+    let mut best = d * sumqx;
+    for t in -7..=7 {
+        let (sumqx, sumq2) = sums((t as f32 + level0) / max);
+        if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+            d = sumqx / sumq2;
+            best = d * sumqx;
+        }
+    }
+    d
+}
+
+/// Rows stored as llama.cpp blocks (see the module documentation).
+#[derive(Clone, Debug)]
+pub struct GgmlCodec {
+    ty: GgmlType,
+    head_dim: usize,
+}
+
+impl GgmlCodec {
+    /// A codec for rows of `head_dim` elements (a multiple of 32).
+    pub fn new(ty: GgmlType, head_dim: usize) -> Result<Self, CodecError> {
+        if head_dim == 0 || !head_dim.is_multiple_of(QK) {
+            return Err(CodecError::UnsupportedHeadDim {
+                scheme: ty.name().into(),
+                head_dim,
+                why: format!("llama.cpp blocks hold {QK} elements; head_dim must be a multiple"),
+            });
+        }
+        Ok(Self { ty, head_dim })
+    }
+
+    fn blocks_per_row(&self) -> usize {
+        self.head_dim / QK
+    }
+}
+
 impl Codec for GgmlCodec {
     fn name(&self) -> String {
-        todo!()
+        self.ty.name().into()
     }
     fn head_dim(&self) -> usize {
-        todo!()
+        self.head_dim
     }
     fn block_tokens(&self) -> usize {
-        todo!()
+        1
     }
     fn block_bytes(&self) -> usize {
-        todo!()
+        self.blocks_per_row() * self.ty.block_bytes()
     }
+
     fn encode(&self, rows: &[f32], out: &mut [u8]) -> Result<(), CodecError> {
-        todo!()
+        check_finite(rows, self.head_dim)?;
+        let bb = self.ty.block_bytes();
+        for (x, block) in rows.chunks_exact(QK).zip(out.chunks_exact_mut(bb)) {
+            self.ty.quantize_block(x, block);
+            let Levels { d, m, .. } = self.ty.levels(block);
+            if !(d.is_finite() && m.is_finite()) {
+                return Err(out_of_f16_range(rows, self.head_dim));
+            }
+        }
+        Ok(())
     }
+
     fn decode(&self, block: &[u8], rows: &mut [f32]) {
-        todo!()
+        self.ty.dequantize_row(block, rows);
     }
-    fn score(&self, q: &[f32], blocks: &[u8], scores: &mut [f32]) {
-        todo!()
+
+    /// Types with a minimum append each 32-block's query sum, which the `m` term needs.
+    fn query_len(&self) -> usize {
+        if self.ty.has_min() {
+            self.head_dim + self.blocks_per_row()
+        } else {
+            self.head_dim
+        }
     }
-    fn accumulate(&self, w: &[f32], blocks: &[u8], acc: &mut [f32]) {
-        todo!()
+
+    fn prepare_query(&self, query: &[f32], prepared: &mut [f32]) {
+        let d = self.head_dim;
+        prepared[..d].copy_from_slice(query);
+        for (sum, qs) in prepared[d..].iter_mut().zip(query.chunks_exact(QK)) {
+            *sum = qs.iter().sum();
+        }
+    }
+
+    fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]) {
+        let (q, block_sums) = prepared_query.split_at(self.head_dim);
+        let bb = self.ty.block_bytes();
+        for (row, score) in blocks.chunks_exact(self.block_bytes()).zip(scores) {
+            let mut total = 0.0f32;
+            for (b, (block, qb)) in row.chunks_exact(bb).zip(q.chunks_exact(QK)).enumerate() {
+                let Levels { d, m, level } = self.ty.levels(block);
+                let dot: f32 = qb.iter().zip(&level).map(|(q, &l)| q * f32::from(l)).sum();
+                total += d * dot;
+                if self.ty.has_min() {
+                    total += m * block_sums[b];
+                }
+            }
+            *score = total;
+        }
+    }
+
+    fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]) {
+        let bb = self.ty.block_bytes();
+        for (row, &w) in blocks.chunks_exact(self.block_bytes()).zip(weights) {
+            for (block, acc_b) in row.chunks_exact(bb).zip(acc.chunks_exact_mut(QK)) {
+                let Levels { d, m, level } = self.ty.levels(block);
+                let (wd, wm) = (w * d, w * m);
+                for (a, &l) in acc_b.iter_mut().zip(&level) {
+                    *a += wd * f32::from(l) + wm;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quantize(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+        let mut out = vec![0u8; ty.block_bytes()];
+        ty.quantize_block(x, &mut out);
+        out
+    }
+
+    /// Packs 32 nibbles as llama.cpp does: `qs[j] = n_j | n_{j+16} << 4`.
+    fn nibbles(n: &[u8]) -> Vec<u8> {
+        (0..16)
+            .map(|j| (n[j] & 15) | (n[j + 16] & 15) << 4)
+            .collect()
+    }
+
+    #[test]
+    fn bits_per_element() {
+        use GgmlType::*;
+        for (ty, bits) in [
+            (Q8_0, 8.5),
+            (Q4_0, 4.5),
+            (Q4_1, 5.0),
+            (Q5_0, 5.5),
+            (Q5_1, 6.0),
+            (Iq4Nl, 4.5),
+        ] {
+            for d in [64, 128, 256] {
+                assert_eq!(GgmlCodec::new(ty, d).unwrap().bits_per_element(), bits);
+            }
+        }
+        assert!(GgmlCodec::new(Q4_0, 48).is_err());
+    }
+
+    #[test]
+    fn q8_0_block_bytes() {
+        // amax 127 → d = 1 (f16 0x3C00); codes round half away from zero: 2.5 → 3, −2.5 → −3.
+        let mut x = [0.0f32; 32];
+        x[0] = -127.0;
+        x[1] = 2.5;
+        x[2] = -2.5;
+        x[3] = 1.49;
+        x[31] = 100.0;
+        let mut expected = vec![0x00, 0x3C];
+        let mut qs = [0i8; 32];
+        qs[0] = -127;
+        qs[1] = 3;
+        qs[2] = -3;
+        qs[3] = 1;
+        qs[31] = 100;
+        expected.extend(qs.iter().map(|&q| q as u8));
+        assert_eq!(quantize(GgmlType::Q8_0, &x), expected);
+        // All zeros: d = 0 and zero codes.
+        assert_eq!(quantize(GgmlType::Q8_0, &[0.0; 32]), vec![0u8; 34]);
+    }
+
+    #[test]
+    fn q4_0_block_bytes() {
+        // Signed max −8 (first of the two largest magnitudes) → d = 1; n = min(15, ⌊x + 8.5⌋).
+        let x: Vec<f32> = [-8.0, 8.0, 0.5, -0.5, 3.4, -3.6, 7.0, 6.5]
+            .into_iter()
+            .chain(std::iter::repeat(0.0))
+            .take(32)
+            .collect();
+        let mut n = [8u8; 32]; // zeros → ⌊8.5⌋ = 8
+        n[..8].copy_from_slice(&[0, 15, 9, 8, 11, 4, 15, 15]);
+        let mut expected = vec![0x00, 0x3C];
+        expected.extend(nibbles(&n));
+        assert_eq!(quantize(GgmlType::Q4_0, &x), expected);
+        // Positive largest magnitude flips the scale's sign: max 16 → d = −2 (f16 0xC000).
+        let mut y = [0.0f32; 32];
+        y[5] = 16.0;
+        y[6] = -3.0; // −3·(−1/2) + 8.5 = 10
+        let mut n = [8u8; 32];
+        n[5] = 0;
+        n[6] = 10;
+        let mut expected = vec![0x00, 0xC0];
+        expected.extend(nibbles(&n));
+        assert_eq!(quantize(GgmlType::Q4_0, &y), expected);
+    }
+
+    #[test]
+    fn q4_1_block_bytes() {
+        // min −1 (f16 0xBC00), max 14 → d = 1; n = min(15, ⌊x + 1 + 0.5⌋).
+        let mut x = [0.0f32; 32];
+        x[0] = -1.0;
+        x[1] = 14.0;
+        x[17] = 2.5;
+        x[18] = 2.49;
+        let mut n = [1u8; 32];
+        n[0] = 0;
+        n[1] = 15;
+        n[17] = 4;
+        n[18] = 3;
+        let mut expected = vec![0x00, 0x3C, 0x00, 0xBC];
+        expected.extend(nibbles(&n));
+        assert_eq!(quantize(GgmlType::Q4_1, &x), expected);
+    }
+
+    #[test]
+    fn q5_0_block_bytes() {
+        // Signed max −16 → d = 1; n = min(31, ⌊x + 16.5⌋); high bits go to qh.
+        let mut x = [0.0f32; 32];
+        x[0] = -16.0;
+        x[1] = 15.0;
+        x[2] = 16.0; // 32.5 → clamped to 31
+        x[20] = -0.6; // 15.9 → 15 (high bit 0)
+        x[21] = 0.4; // 16.9 → 16 (high bit 1)
+        let mut n = [16u8; 32];
+        n[0] = 0;
+        n[1] = 31;
+        n[2] = 31;
+        n[20] = 15;
+        n[21] = 16;
+        let qh: u32 = (0..32).filter(|&j| n[j] >= 16).map(|j| 1u32 << j).sum();
+        assert_eq!(qh, 0xFFEF_FFFE);
+        let mut expected = vec![0x00, 0x3C];
+        expected.extend(qh.to_le_bytes());
+        expected.extend(nibbles(&n));
+        assert_eq!(quantize(GgmlType::Q5_0, &x), expected);
+    }
+
+    #[test]
+    fn q5_1_block_bytes() {
+        // min 0, max 31 → d = 1, m = 0; n = ⌊x + 0.5⌋.
+        let x: Vec<f32> = (0..32)
+            .map(|j| j as f32 + if j == 7 { 0.5 } else { 0.0 })
+            .collect();
+        let mut n: Vec<u8> = (0..32).collect();
+        n[7] = 8;
+        let qh: u32 = 0xFFFF_0000;
+        let mut expected = vec![0x00, 0x3C, 0x00, 0x00];
+        expected.extend(qh.to_le_bytes());
+        expected.extend(nibbles(&n));
+        assert_eq!(quantize(GgmlType::Q5_1, &x), expected);
+    }
+
+    #[test]
+    fn iq4_nl_block_bytes() {
+        // Values exactly on the grid with d = 1: candidate t = 0 (id = −127/max = 1) fits
+        // perfectly, so the search must return d = 1 and the grid's own indices.
+        let x: Vec<f32> = (0..32).map(|j| f32::from(IQ4_NL_VALUES[j % 16])).collect();
+        let mut expected = vec![0x00, 0x3C];
+        expected.extend((0..16u8).map(|j| j | j << 4));
+        assert_eq!(quantize(GgmlType::Iq4Nl, &x), expected);
+        // Zero block: d = 0 and every element takes the level nearest 0 (index 8, value 1).
+        let mut expected = vec![0x00, 0x00];
+        expected.extend([0x88; 16]);
+        assert_eq!(quantize(GgmlType::Iq4Nl, &[0.0; 32]), expected);
+    }
+
+    #[test]
+    fn iq4_nl_index_is_nearest_level() {
+        for i in -1300..1300 {
+            let x = i as f32 / 10.0;
+            let got = f32::from(IQ4_NL_VALUES[usize::from(iq4_nl_index(x))]);
+            let best = IQ4_NL_VALUES
+                .iter()
+                .map(|&v| (f32::from(v) - x).abs())
+                .fold(f32::INFINITY, f32::min);
+            assert_eq!((got - x).abs(), best, "{x}");
+        }
+    }
+
+    #[test]
+    fn dequantize_matches_layout_table() {
+        // q5_1 block by hand: d = 0.5, m = −2, element 0 has n = 3 + 16 (qh bit 0), element 16
+        // has n = 4 (high nibble of qs[0]).
+        let mut block = vec![0u8; 24];
+        block[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+        block[2..4].copy_from_slice(&f16::from_f32(-2.0).to_le_bytes());
+        block[4] = 0x01;
+        block[8] = 0x43;
+        let mut x = [0.0f32; 32];
+        GgmlType::Q5_1.dequantize_block(&block, &mut x);
+        assert_eq!(
+            (x[0], x[16], x[1]),
+            (0.5 * 19.0 - 2.0, 0.5 * 4.0 - 2.0, -2.0)
+        );
+        // q4_0: n = 0 → −8·d.
+        let mut block = vec![0u8; 18];
+        block[..2].copy_from_slice(&f16::from_f32(0.25).to_le_bytes());
+        block[2] = 0xF0;
+        GgmlType::Q4_0.dequantize_block(&block, &mut x);
+        assert_eq!((x[0], x[16], x[1]), (-2.0, 7.0 * 0.25, -2.0));
+    }
+
+    #[test]
+    fn quantization_error_is_bounded() {
+        let x: Vec<f32> = (0..32)
+            .map(|j| ((j * 37 % 32) as f32 - 15.3) * 0.7)
+            .collect();
+        use GgmlType::*;
+        for (ty, steps) in [
+            (Q8_0, 127.0),
+            (Q4_0, 8.0),
+            (Q4_1, 15.0),
+            (Q5_0, 16.0),
+            (Q5_1, 31.0),
+        ] {
+            let block = quantize(ty, &x);
+            let mut y = [0.0f32; 32];
+            ty.dequantize_block(&block, &mut y);
+            let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let step = if ty.has_min() {
+                2.0 * amax / steps
+            } else {
+                amax / steps
+            };
+            // q4_0 and q5_0 have one level fewer on the side opposite the largest magnitude,
+            // so values there may be clipped by up to one step.
+            let bound = if matches!(ty, Q4_0 | Q5_0) { 1.0 } else { 0.5 };
+            for (a, b) in x.iter().zip(&y) {
+                assert!((a - b).abs() <= step * bound * 1.002, "{ty:?}: {a} {b}");
+            }
+        }
     }
 }

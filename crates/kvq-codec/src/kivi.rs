@@ -1,37 +1,96 @@
-//! PLACEHOLDER — to be replaced by the real implementation.
-#![allow(unused)]
-use crate::{Calibration, Codec, CodecError, Role};
+//! KIVI (Liu et al., ICML 2024): `kivi2` and `kivi4`, asymmetric uniform quantization with keys
+//! grouped per channel and values per token (methods.md §3).
+//!
+//! * **Keys**: a block holds 32 tokens. Each channel has its own f16 scale and f16 minimum over
+//!   those 32 tokens. Layout: `head_dim × (scale f16, min f16)`, then 32 rows of
+//!   `b·head_dim/8` bytes of `b`-bit codes (least significant bit first). Bits per element:
+//!   `(4·d + 32·b·d/8)·8 / (32·d) = b + 1`.
+//! * **Values**: a block holds one token, in groups of 32 channels, each with an f16 scale and
+//!   f16 minimum. Layout: `(d/32) × (scale f16, min f16)`, then `b·d/8` bytes of codes. Bits per
+//!   element: `b + 32/32 = b + 1`.
+//!
+//! So `kivi2` costs 3 bits and `kivi4` 5 bits per element at every head size. The codec is the
+//! uniform engine of [`crate::uniform`] with these two layouts: the quantizer, rounding and
+//! fused kernels are shared with `int{b}`.
+//!
+//! KIVI's full-precision recent window (R = 128 tokens in the paper) is not part of the codec:
+//! the cache keeps the newest tokens in full precision and hands a block to this codec once 32
+//! key rows (or one value row) leave the window. Its share of the memory is counted by the cache.
 
-/// Placeholder.
-pub struct KiviCodec;
-impl KiviCodec {
-    pub fn new(bits: u8, role: Role, head_dim: usize) -> Result<Self, CodecError> {
-        todo!()
+use crate::uniform::{Grouping, IntCodec, ZeroPoint};
+use crate::{CodecError, Role};
+
+/// Tokens per key block and channels per value group.
+pub const KIVI_GROUP: usize = 32;
+
+/// Builds `kivi{bits}` (`bits` = 2 or 4) for `role` at `head_dim` (a multiple of 8 for
+/// keys, of 32 for values).
+pub fn kivi_codec(bits: u8, role: Role, head_dim: usize) -> Result<IntCodec, CodecError> {
+    let name = format!("kivi{bits}");
+    if !matches!(bits, 2 | 4) {
+        return Err(CodecError::UnknownScheme {
+            name,
+            known: "kivi2, kivi4".into(),
+        });
     }
+    let grouping = match role {
+        Role::Key => Grouping::PerChannel { tokens: KIVI_GROUP },
+        Role::Value => Grouping::PerToken { group: KIVI_GROUP },
+    };
+    IntCodec::with_layout(
+        name,
+        u32::from(bits),
+        ZeroPoint::Asymmetric,
+        grouping,
+        head_dim,
+    )
 }
-impl Codec for KiviCodec {
-    fn name(&self) -> String {
-        todo!()
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Codec;
+
+    #[test]
+    fn bits_are_b_plus_one_for_both_roles() {
+        for (bits, expected) in [(2u8, 3.0), (4, 5.0)] {
+            for d in [64, 128, 256] {
+                for role in [Role::Key, Role::Value] {
+                    let c = kivi_codec(bits, role, d).unwrap();
+                    assert_eq!(c.bits_per_element(), expected, "kivi{bits} {role:?} {d}");
+                }
+            }
+        }
+        assert_eq!(kivi_codec(4, Role::Key, 64).unwrap().block_tokens(), 32);
+        assert_eq!(kivi_codec(4, Role::Value, 64).unwrap().block_tokens(), 1);
+        assert!(kivi_codec(4, Role::Value, 48).is_err());
+        assert!(kivi_codec(3, Role::Key, 64).is_err());
     }
-    fn head_dim(&self) -> usize {
-        todo!()
-    }
-    fn block_tokens(&self) -> usize {
-        todo!()
-    }
-    fn block_bytes(&self) -> usize {
-        todo!()
-    }
-    fn encode(&self, rows: &[f32], out: &mut [u8]) -> Result<(), CodecError> {
-        todo!()
-    }
-    fn decode(&self, block: &[u8], rows: &mut [f32]) {
-        todo!()
-    }
-    fn score(&self, q: &[f32], blocks: &[u8], scores: &mut [f32]) {
-        todo!()
-    }
-    fn accumulate(&self, w: &[f32], blocks: &[u8], acc: &mut [f32]) {
-        todo!()
+
+    #[test]
+    fn keys_are_scaled_per_channel() {
+        // Channel c holds t·2^c over tokens t = 0..32; min 0, so scale_c = 31·2^c/15
+        // rounded up to f16. A huge channel must not coarsen the others (as a per-token scale
+        // would): channel 0's step stays below 31/15.
+        let d = 8;
+        let c = kivi_codec(4, Role::Key, d).unwrap();
+        let rows: Vec<f32> = (0..32 * d)
+            .map(|i| (i / d) as f32 * (1u32 << (i % d)) as f32)
+            .collect();
+        let mut block = vec![0u8; c.block_bytes()];
+        c.encode(&rows, &mut block).unwrap();
+        for ch in 0..d {
+            let scale = crate::uniform::read_f16(&block, 4 * ch);
+            let min = crate::uniform::read_f16(&block, 4 * ch + 2);
+            let exact = 31.0 * (1u32 << ch) as f32 / 15.0;
+            assert_eq!(min, 0.0);
+            assert!(scale >= exact && scale <= exact * 1.001, "{ch}: {scale}");
+        }
+        let mut back = vec![0.0; rows.len()];
+        c.decode(&block, &mut back);
+        for (i, (x, y)) in rows.iter().zip(&back).enumerate() {
+            let step = crate::uniform::read_f16(&block, 4 * (i % d));
+            assert!((x - y).abs() <= step / 2.0 * 1.0001, "{i}: {x} {y}");
+        }
     }
 }

@@ -225,13 +225,13 @@ pub fn build_codec(
             fp8::Fp8Format::E4M3,
             head_dim,
             calibration.fp8_scale,
-        )),
+        )?),
         SchemeKind::Fp8E5M2 => Box::new(fp8::Fp8Codec::new(
             fp8::Fp8Format::E5M2,
             head_dim,
             calibration.fp8_scale,
-        )),
-        SchemeKind::Int8 => Box::new(uniform::Int8Codec::new(role, head_dim)?),
+        )?),
+        SchemeKind::Int8 => Box::new(uniform::IntCodec::int8(role, head_dim)?),
         SchemeKind::Int { bits, group } => {
             Box::new(uniform::IntCodec::new(bits, group as usize, head_dim)?)
         }
@@ -241,7 +241,7 @@ pub fn build_codec(
         SchemeKind::Q5_0 => Box::new(ggml::GgmlCodec::new(ggml::GgmlType::Q5_0, head_dim)?),
         SchemeKind::Q5_1 => Box::new(ggml::GgmlCodec::new(ggml::GgmlType::Q5_1, head_dim)?),
         SchemeKind::Iq4Nl => Box::new(ggml::GgmlCodec::new(ggml::GgmlType::Iq4Nl, head_dim)?),
-        SchemeKind::Kivi { bits } => Box::new(kivi::KiviCodec::new(bits, role, head_dim)?),
+        SchemeKind::Kivi { bits } => Box::new(kivi::kivi_codec(bits, role, head_dim)?),
         SchemeKind::Oaken => Box::new(oaken::OakenCodec::from_calibration(calibration, head_dim)?),
         SchemeKind::Turbo { half_bits } => Box::new(turbo::TurboCodec::mse(
             half_bits,

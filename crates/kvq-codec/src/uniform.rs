@@ -1,44 +1,669 @@
-//! PLACEHOLDER — to be replaced by the real implementation.
-#![allow(unused)]
-use crate::{Calibration, Codec, CodecError, Role};
+//! Uniform integer quantizers: `int2|int3|int4[-g32|-g64|-g128]` and `int8`, and the engine that
+//! KIVI ([`crate::kivi`]) reuses.
+//!
+//! Every group of values is mapped to `b`-bit codes with `x̂ = scale·code + offset`:
+//!
+//! * **asymmetric** groups store an f16 `scale` and an f16 `min` (`offset = min`); codes run over
+//!   `0..=2^b−1`, `scale = (max−min)/(2^b−1)`, `code = clamp(round((x−min)/scale))`;
+//! * **symmetric** groups store only an f16 `scale = absmax/(2^(b−1)−1)`; a code holds
+//!   `q + 2^(b−1)` for `q = round(x/scale)` (so `offset = −2^(b−1)·scale`).
+//!
+//! The stored f16 parameters are rounded outward (minimum down, scale up) and the codes are
+//! computed from those rounded values, so every element lies within half a step (`scale/2`, the
+//! stored scale) of its reconstruction, up to f32 rounding.
+//!
+//! A block is the parameter table (one entry per group, in group order; 4 bytes asymmetric:
+//! scale then min, 2 bytes symmetric: scale; f16 little-endian) followed by the codes of each of
+//! its rows in turn, each row `b·head_dim/8` bytes packed least significant bit first
+//! ([`crate::bits`]). Two groupings exist:
+//!
+//! * [`Grouping::PerToken`]: one row per block, a group is `group` consecutive channels;
+//! * [`Grouping::PerChannel`]: `tokens` rows per block, a group is one channel over those rows.
+//!
+//! Schemes built here (`d` = head_dim):
+//!
+//! | scheme | grouping | zero point | bits per element |
+//! |---|---|---|---|
+//! | `int{b}-g{g}` | per token, groups of `g` | asymmetric | `b + 32/g` (int4-g64: 4.5) |
+//! | `int8` keys | per channel over 32 tokens | symmetric | `8 + 16/32 = 8.5` |
+//! | `int8` values | per token, one group of `d` | symmetric | `8 + 16/d` (8.125 at d = 128) |
+//!
+//! Values must fit in f16 (`|x| ≤ 65504`); larger ones cannot be given a finite f16 scale and
+//! are rejected with [`CodecError::NonFinite`], as the `f16` scheme rejects them.
 
-/// Placeholder.
-pub struct IntCodec;
-impl IntCodec {
-    pub fn new(bits: u8, group: usize, head_dim: usize) -> Result<Self, CodecError> {
-        todo!()
+use crate::{bits, check_finite, Codec, CodecError, Role};
+use half::f16;
+
+/// The smallest f16 that is `≥ x` (directed rounding; `+inf` above the f16 range).
+pub fn f16_at_least(x: f64) -> f16 {
+    let nearest = f16::from_f64(x);
+    if nearest.to_f64() >= x {
+        return nearest;
+    }
+    let b = nearest.to_bits();
+    f16::from_bits(match b {
+        0x8000 => 0x0001,
+        _ if b & 0x8000 == 0 => b + 1,
+        _ => b - 1,
+    })
+}
+
+/// The largest f16 that is `≤ x` (directed rounding; `−inf` below the f16 range).
+pub fn f16_at_most(x: f64) -> f16 {
+    -f16_at_least(-x)
+}
+
+/// Reads a little-endian f16 at byte `at` of `bytes` as f32.
+#[inline]
+pub fn read_f16(bytes: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+}
+
+/// The error for a block whose parameters do not fit in f16: it names the element of largest
+/// magnitude, which is the one out of range.
+pub fn out_of_f16_range(rows: &[f32], head_dim: usize) -> CodecError {
+    let (i, value) = rows
+        .iter()
+        .copied()
+        .enumerate()
+        .fold((0, 0.0f32), |best, (i, v)| {
+            if v.abs() > best.1.abs() {
+                (i, v)
+            } else {
+                best
+            }
+        });
+    CodecError::NonFinite {
+        row: i / head_dim,
+        channel: i % head_dim,
+        value,
     }
 }
+
+/// How a group's codes map back to values: `x̂ = scale·code + offset`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Affine {
+    /// Real value per code step.
+    pub scale: f32,
+    /// Real value of code 0.
+    pub offset: f32,
+}
+
+impl Affine {
+    /// The code of `x` (nearest grid point, clamped to `0..=max_code`; 0 when the scale is 0).
+    #[inline]
+    pub fn code(&self, x: f32, max_code: u8) -> u8 {
+        if self.scale == 0.0 {
+            return 0;
+        }
+        ((x - self.offset) / self.scale)
+            .round()
+            .clamp(0.0, f32::from(max_code)) as u8
+    }
+}
+
+/// Where a group's zero point comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ZeroPoint {
+    /// f16 scale and f16 minimum stored per group (4 bytes); codes `0..=2^b−1`.
+    Asymmetric,
+    /// f16 scale stored per group (2 bytes); codes hold `q + 2^(b−1)`, `|q| ≤ 2^(b−1)−1`.
+    Symmetric,
+}
+
+impl ZeroPoint {
+    /// Bytes of one group's stored parameters.
+    pub fn param_bytes(self) -> usize {
+        match self {
+            Self::Asymmetric => 4,
+            Self::Symmetric => 2,
+        }
+    }
+
+    /// Fits the parameters of a `bits`-bit group whose values lie in `[lo, hi]`, writes them to
+    /// `out` (`param_bytes` long) and returns the affine map of the stored f16 values, or `None`
+    /// if they do not fit in f16.
+    pub fn fit(self, bits: u32, lo: f32, hi: f32, out: &mut [u8]) -> Option<Affine> {
+        let (lo, hi) = (f64::from(lo), f64::from(hi));
+        match self {
+            Self::Asymmetric => {
+                let min = f16_at_most(lo);
+                let levels = f64::from((1u32 << bits) - 1);
+                let scale = f16_at_least((hi - min.to_f64()) / levels);
+                if !(min.is_finite() && scale.is_finite()) {
+                    return None;
+                }
+                out[..2].copy_from_slice(&scale.to_le_bytes());
+                out[2..4].copy_from_slice(&min.to_le_bytes());
+            }
+            Self::Symmetric => {
+                let qmax = f64::from((1u32 << (bits - 1)) - 1);
+                let scale = f16_at_least(lo.abs().max(hi.abs()) / qmax);
+                if !scale.is_finite() {
+                    return None;
+                }
+                out[..2].copy_from_slice(&scale.to_le_bytes());
+            }
+        }
+        Some(self.read(bits, out))
+    }
+
+    /// The affine map of the parameters stored at the start of `bytes`.
+    #[inline]
+    pub fn read(self, bits: u32, bytes: &[u8]) -> Affine {
+        let scale = read_f16(bytes, 0);
+        let offset = match self {
+            Self::Asymmetric => read_f16(bytes, 2),
+            Self::Symmetric => -((1u32 << (bits - 1)) as f32) * scale,
+        };
+        Affine { scale, offset }
+    }
+}
+
+/// Which values share one set of parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grouping {
+    /// One row per block; a group is `group` consecutive channels of the row.
+    PerToken {
+        /// Channels per group.
+        group: usize,
+    },
+    /// `tokens` rows per block; a group is one channel over those rows.
+    PerChannel {
+        /// Rows per block.
+        tokens: usize,
+    },
+}
+
+/// The 8 codes of `B`-bit width packed in `bytes[..B]` (least significant bit first).
+#[inline(always)]
+fn eight_codes<const B: usize>(bytes: &[u8]) -> [u8; 8] {
+    let mut word = [0u8; 8];
+    word[..B].copy_from_slice(&bytes[..B]);
+    let packed = u64::from_le_bytes(word);
+    let mask = (1u64 << B) - 1;
+    std::array::from_fn(|k| ((packed >> (B * k)) & mask) as u8)
+}
+
+fn dot_codes_of<const B: usize>(packed: &[u8], q: &[f32]) -> f32 {
+    let mut sums = [0.0f32; 8];
+    for (bytes, q8) in packed.chunks_exact(B).zip(q.chunks_exact(8)) {
+        let codes = eight_codes::<B>(bytes);
+        for k in 0..8 {
+            sums[k] += q8[k] * f32::from(codes[k]);
+        }
+    }
+    sums.iter().sum()
+}
+
+fn axpy_codes_of<const B: usize>(packed: &[u8], a: f32, b: f32, acc: &mut [f32]) {
+    for (bytes, acc8) in packed.chunks_exact(B).zip(acc.chunks_exact_mut(8)) {
+        let codes = eight_codes::<B>(bytes);
+        for k in 0..8 {
+            acc8[k] += a * f32::from(codes[k]) + b;
+        }
+    }
+}
+
+/// `Σ_i q[i]·code_i` over the `q.len()` (a multiple of 8) `bits`-bit codes packed in `packed`.
+pub fn dot_codes(packed: &[u8], bits: u32, q: &[f32]) -> f32 {
+    match bits {
+        2 => dot_codes_of::<2>(packed, q),
+        3 => dot_codes_of::<3>(packed, q),
+        4 => dot_codes_of::<4>(packed, q),
+        8 => dot_codes_of::<8>(packed, q),
+        _ => unreachable!("unsupported code width {bits}"),
+    }
+}
+
+/// `acc[i] += a·code_i + b` over the `acc.len()` (a multiple of 8) `bits`-bit codes in `packed`.
+pub fn axpy_codes(packed: &[u8], bits: u32, a: f32, b: f32, acc: &mut [f32]) {
+    match bits {
+        2 => axpy_codes_of::<2>(packed, a, b, acc),
+        3 => axpy_codes_of::<3>(packed, a, b, acc),
+        4 => axpy_codes_of::<4>(packed, a, b, acc),
+        8 => axpy_codes_of::<8>(packed, a, b, acc),
+        _ => unreachable!("unsupported code width {bits}"),
+    }
+}
+
+/// A uniform integer codec: `bits`-bit codes with one affine map per group (see the module
+/// documentation for the layout).
+#[derive(Clone, Debug)]
+pub struct IntCodec {
+    name: String,
+    head_dim: usize,
+    bits: u32,
+    zero: ZeroPoint,
+    grouping: Grouping,
+}
+
+impl IntCodec {
+    /// `int{bits}-g{group}`: per-token asymmetric groups of `group` channels, `bits` ∈ 2..=4.
+    pub fn new(bits: u8, group: usize, head_dim: usize) -> Result<Self, CodecError> {
+        let name = format!("int{bits}-g{group}");
+        if !(2..=4).contains(&bits) {
+            return Err(CodecError::UnknownScheme {
+                name,
+                known: "int2, int3, int4 with -g32, -g64 or -g128".into(),
+            });
+        }
+        Self::with_layout(
+            name,
+            u32::from(bits),
+            ZeroPoint::Asymmetric,
+            Grouping::PerToken { group },
+            head_dim,
+        )
+    }
+
+    /// `int8`: keys symmetric per channel over blocks of 32 tokens, values symmetric per token.
+    pub fn int8(role: Role, head_dim: usize) -> Result<Self, CodecError> {
+        let grouping = match role {
+            Role::Key => Grouping::PerChannel { tokens: 32 },
+            Role::Value => Grouping::PerToken { group: head_dim },
+        };
+        Self::with_layout("int8".into(), 8, ZeroPoint::Symmetric, grouping, head_dim)
+    }
+
+    /// A codec with an explicit layout. `bits` ∈ {2, 3, 4, 8}; head_dim (and a per-token group)
+    /// must be a multiple of 8, and head_dim a multiple of the group.
+    pub fn with_layout(
+        name: String,
+        bits: u32,
+        zero: ZeroPoint,
+        grouping: Grouping,
+        head_dim: usize,
+    ) -> Result<Self, CodecError> {
+        assert!(
+            matches!(bits, 2 | 3 | 4 | 8),
+            "code width {bits} is not supported"
+        );
+        let unsupported = |why: String| CodecError::UnsupportedHeadDim {
+            scheme: name.clone(),
+            head_dim,
+            why,
+        };
+        if head_dim == 0 || !head_dim.is_multiple_of(8) {
+            return Err(unsupported(
+                "head_dim must be a positive multiple of 8".into(),
+            ));
+        }
+        if let Grouping::PerToken { group } = grouping {
+            if group == 0 || !group.is_multiple_of(8) || !head_dim.is_multiple_of(group) {
+                return Err(unsupported(format!(
+                    "head_dim must be a multiple of the group size {group}"
+                )));
+            }
+        }
+        Ok(Self {
+            name,
+            head_dim,
+            bits,
+            zero,
+            grouping,
+        })
+    }
+
+    /// Parameter groups per block.
+    fn groups(&self) -> usize {
+        match self.grouping {
+            Grouping::PerToken { group } => self.head_dim / group,
+            Grouping::PerChannel { .. } => self.head_dim,
+        }
+    }
+
+    /// Bytes of the parameter table at the start of a block.
+    fn params_bytes(&self) -> usize {
+        self.groups() * self.zero.param_bytes()
+    }
+
+    /// Bytes of one row's packed codes.
+    fn row_code_bytes(&self) -> usize {
+        bits::packed_len(self.head_dim, self.bits)
+    }
+
+    /// The affine map of group `g` of `block`.
+    #[inline]
+    fn affine(&self, block: &[u8], g: usize) -> Affine {
+        self.zero
+            .read(self.bits, &block[g * self.zero.param_bytes()..])
+    }
+
+    /// The packed codes of row `t` of `block`.
+    #[inline]
+    fn row_codes<'a>(&self, block: &'a [u8], t: usize) -> &'a [u8] {
+        let n = self.row_code_bytes();
+        &block[self.params_bytes() + t * n..][..n]
+    }
+
+    fn max_code(&self) -> u8 {
+        ((1u32 << self.bits) - 1) as u8
+    }
+}
+
 impl Codec for IntCodec {
     fn name(&self) -> String {
-        todo!()
+        self.name.clone()
     }
     fn head_dim(&self) -> usize {
-        todo!()
+        self.head_dim
     }
     fn block_tokens(&self) -> usize {
-        todo!()
+        match self.grouping {
+            Grouping::PerToken { .. } => 1,
+            Grouping::PerChannel { tokens } => tokens,
+        }
     }
     fn block_bytes(&self) -> usize {
-        todo!()
+        self.params_bytes() + self.block_tokens() * self.row_code_bytes()
     }
+
     fn encode(&self, rows: &[f32], out: &mut [u8]) -> Result<(), CodecError> {
-        todo!()
+        check_finite(rows, self.head_dim)?;
+        let d = self.head_dim;
+        let pb = self.zero.param_bytes();
+        let max_code = self.max_code();
+        let mut codes = vec![0u8; rows.len()];
+        match self.grouping {
+            Grouping::PerToken { group } => {
+                for (g, (xs, cs)) in rows
+                    .chunks_exact(group)
+                    .zip(codes.chunks_exact_mut(group))
+                    .enumerate()
+                {
+                    let (lo, hi) = min_max(xs.iter().copied());
+                    let affine = self
+                        .zero
+                        .fit(self.bits, lo, hi, &mut out[g * pb..(g + 1) * pb])
+                        .ok_or_else(|| out_of_f16_range(rows, d))?;
+                    for (c, &x) in cs.iter_mut().zip(xs) {
+                        *c = affine.code(x, max_code);
+                    }
+                }
+            }
+            Grouping::PerChannel { .. } => {
+                for ch in 0..d {
+                    let column = rows.iter().skip(ch).step_by(d).copied();
+                    let (lo, hi) = min_max(column);
+                    let affine = self
+                        .zero
+                        .fit(self.bits, lo, hi, &mut out[ch * pb..(ch + 1) * pb])
+                        .ok_or_else(|| out_of_f16_range(rows, d))?;
+                    for i in (ch..rows.len()).step_by(d) {
+                        codes[i] = affine.code(rows[i], max_code);
+                    }
+                }
+            }
+        }
+        let (params_len, row_len) = (self.params_bytes(), self.row_code_bytes());
+        for (row_codes, packed) in codes
+            .chunks_exact(d)
+            .zip(out[params_len..].chunks_exact_mut(row_len))
+        {
+            bits::pack(row_codes, self.bits, packed);
+        }
+        Ok(())
     }
+
     fn decode(&self, block: &[u8], rows: &mut [f32]) {
-        todo!()
+        let d = self.head_dim;
+        let mut codes = vec![0u8; d];
+        for (t, row) in rows.chunks_exact_mut(d).enumerate() {
+            bits::unpack(self.row_codes(block, t), self.bits, &mut codes);
+            for (c, (x, &code)) in row.iter_mut().zip(&codes).enumerate() {
+                let g = match self.grouping {
+                    Grouping::PerToken { group } => c / group,
+                    Grouping::PerChannel { .. } => c,
+                };
+                let affine = self.affine(block, g);
+                *x = affine.scale * f32::from(code) + affine.offset;
+            }
+        }
     }
-    fn score(&self, q: &[f32], blocks: &[u8], scores: &mut [f32]) {
-        todo!()
+
+    /// Per-token groupings append each group's query sum (`Σ q_c` over the group), which the
+    /// offset term of [`Codec::score`] needs.
+    fn query_len(&self) -> usize {
+        match self.grouping {
+            Grouping::PerToken { .. } => self.head_dim + self.groups(),
+            Grouping::PerChannel { .. } => self.head_dim,
+        }
     }
-    fn accumulate(&self, w: &[f32], blocks: &[u8], acc: &mut [f32]) {
-        todo!()
+
+    fn prepare_query(&self, query: &[f32], prepared: &mut [f32]) {
+        let d = self.head_dim;
+        prepared[..d].copy_from_slice(query);
+        if let Grouping::PerToken { group } = self.grouping {
+            for (sum, qs) in prepared[d..].iter_mut().zip(query.chunks_exact(group)) {
+                *sum = qs.iter().sum();
+            }
+        }
+    }
+
+    fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]) {
+        let d = self.head_dim;
+        let (q, group_sums) = prepared_query.split_at(d);
+        let bb = self.block_bytes();
+        match self.grouping {
+            Grouping::PerToken { group } => {
+                let group_bytes = bits::packed_len(group, self.bits);
+                for (block, score) in blocks.chunks_exact(bb).zip(scores.iter_mut()) {
+                    let codes = self.row_codes(block, 0);
+                    *score = (0..self.groups())
+                        .map(|g| {
+                            let affine = self.affine(block, g);
+                            let packed = &codes[g * group_bytes..][..group_bytes];
+                            let dot = dot_codes(packed, self.bits, &q[g * group..][..group]);
+                            affine.scale * dot + affine.offset * group_sums[g]
+                        })
+                        .sum();
+                }
+            }
+            Grouping::PerChannel { tokens } => {
+                // q·k_t = Σ_c (q_c·scale_c)·code_tc + Σ_c q_c·offset_c, per block.
+                let mut scaled_q = vec![0.0f32; d];
+                for (block, block_scores) in blocks.chunks_exact(bb).zip(scores.chunks_mut(tokens))
+                {
+                    let mut bias = 0.0f32;
+                    for (c, sq) in scaled_q.iter_mut().enumerate() {
+                        let affine = self.affine(block, c);
+                        *sq = q[c] * affine.scale;
+                        bias += q[c] * affine.offset;
+                    }
+                    for (t, score) in block_scores.iter_mut().enumerate() {
+                        *score = dot_codes(self.row_codes(block, t), self.bits, &scaled_q) + bias;
+                    }
+                }
+            }
+        }
+    }
+
+    fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]) {
+        let d = self.head_dim;
+        let bb = self.block_bytes();
+        match self.grouping {
+            Grouping::PerToken { group } => {
+                let group_bytes = bits::packed_len(group, self.bits);
+                for (block, &w) in blocks.chunks_exact(bb).zip(weights) {
+                    let codes = self.row_codes(block, 0);
+                    for (g, acc_g) in acc[..d].chunks_exact_mut(group).enumerate() {
+                        let affine = self.affine(block, g);
+                        let packed = &codes[g * group_bytes..][..group_bytes];
+                        axpy_codes(
+                            packed,
+                            self.bits,
+                            w * affine.scale,
+                            w * affine.offset,
+                            acc_g,
+                        );
+                    }
+                }
+            }
+            Grouping::PerChannel { tokens } => {
+                // Σ_t w_t·x̂_tc = scale_c·(Σ_t w_t·code_tc) + offset_c·Σ_t w_t, per block.
+                let mut weighted_codes = vec![0.0f32; d];
+                for (block, block_weights) in blocks.chunks_exact(bb).zip(weights.chunks(tokens)) {
+                    weighted_codes.fill(0.0);
+                    for (t, &w) in block_weights.iter().enumerate() {
+                        axpy_codes(
+                            self.row_codes(block, t),
+                            self.bits,
+                            w,
+                            0.0,
+                            &mut weighted_codes,
+                        );
+                    }
+                    let weight_sum: f32 = block_weights.iter().sum();
+                    for (c, (a, &wc)) in acc.iter_mut().zip(&weighted_codes).enumerate() {
+                        let affine = self.affine(block, c);
+                        *a += affine.scale * wc + affine.offset * weight_sum;
+                    }
+                }
+            }
+        }
     }
 }
-/// Placeholder.
-pub struct Int8Codec;
-impl Int8Codec {
-    pub fn new(role: Role, head_dim: usize) -> Result<IntCodec, CodecError> {
-        todo!()
+
+/// The smallest and largest of `values` (`(+inf, −inf)` when empty).
+pub fn min_max(values: impl Iterator<Item = f32>) -> (f32, f32) {
+    values.fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn codec(name: &str, role: Role, head_dim: usize) -> Box<dyn Codec> {
+        let kind = crate::SchemeKind::parse(name).unwrap();
+        crate::build_codec(kind, role, head_dim, &Default::default(), 0).unwrap()
+    }
+
+    #[test]
+    fn directed_f16_rounding_brackets_the_input() {
+        for x in [
+            0.0, 1e-9, -1e-9, 0.1, -0.1, 1000.3, -1000.3, 65504.0, 3.0e-5,
+        ] {
+            let (lo, hi) = (f16_at_most(x).to_f64(), f16_at_least(x).to_f64());
+            assert!(lo <= x && x <= hi, "{x}: {lo} {hi}");
+            assert!(hi - lo <= (x.abs() * 1e-3).max(6e-8), "{x}: {lo} {hi}");
+        }
+        assert_eq!(f16_at_least(1.0), f16::ONE);
+        assert_eq!(f16_at_least(1e-9).to_bits(), 0x0001);
+        assert_eq!(f16_at_most(1e-9).to_bits(), 0x0000);
+        assert!(f16_at_least(70000.0).is_infinite());
+    }
+
+    #[test]
+    fn exact_bits_per_element() {
+        let cases = [
+            ("int4-g64", Role::Key, 128, 4.5),
+            ("int4-g32", Role::Value, 256, 5.0),
+            ("int3-g128", Role::Key, 128, 3.25),
+            ("int2-g32", Role::Key, 64, 3.0),
+            ("int8", Role::Key, 128, 8.5),
+            ("int8", Role::Key, 256, 8.5),
+            ("int8", Role::Value, 128, 8.125),
+            ("int8", Role::Value, 256, 8.0625),
+        ];
+        for (name, role, d, bits) in cases {
+            let c = codec(name, role, d);
+            assert_eq!(c.bits_per_element(), bits, "{name} {role:?} {d}");
+        }
+        assert_eq!(codec("int3-g32", Role::Key, 128).block_bytes(), 4 * 4 + 48);
+    }
+
+    #[test]
+    fn group_must_divide_head_dim() {
+        assert!(matches!(
+            IntCodec::new(4, 128, 64),
+            Err(CodecError::UnsupportedHeadDim { .. })
+        ));
+        assert!(matches!(
+            IntCodec::new(4, 32, 100),
+            Err(CodecError::UnsupportedHeadDim { .. })
+        ));
+    }
+
+    #[test]
+    fn hand_worked_int2_row() {
+        // One group of 32: values 0..=3 repeating plus min 0, max 3 → scale 1, min 0, codes = x.
+        let c = IntCodec::new(2, 32, 32).unwrap();
+        let row: Vec<f32> = (0..32).map(|i| (i % 4) as f32).collect();
+        let mut block = vec![0u8; c.block_bytes()];
+        c.encode(&row, &mut block).unwrap();
+        // scale 1.0 = 0x3C00, min 0; codes 0,1,2,3 → 0b11_10_01_00 = 0xE4 per byte.
+        let mut expected = vec![0x00, 0x3C, 0x00, 0x00];
+        expected.extend([0xE4; 8]);
+        assert_eq!(block, expected);
+    }
+
+    #[test]
+    fn out_of_f16_range_is_rejected() {
+        let c = IntCodec::new(4, 32, 32).unwrap();
+        let mut row = vec![1.0f32; 32];
+        row[7] = -1e6;
+        let mut block = vec![0u8; c.block_bytes()];
+        assert_eq!(
+            c.encode(&row, &mut block),
+            Err(CodecError::NonFinite {
+                row: 0,
+                channel: 7,
+                value: -1e6
+            })
+        );
+    }
+
+    /// Every element is within half a step (the stored scale) of its reconstruction.
+    fn assert_half_step(c: &IntCodec, rows: &[f32]) -> Result<(), TestCaseError> {
+        let mut block = vec![0u8; c.block_bytes()];
+        c.encode(rows, &mut block).unwrap();
+        let mut back = vec![0.0; rows.len()];
+        c.decode(&block, &mut back);
+        let d = c.head_dim;
+        for (i, (&x, &y)) in rows.iter().zip(&back).enumerate() {
+            let g = match c.grouping {
+                Grouping::PerToken { group } => (i % d) / group,
+                Grouping::PerChannel { .. } => i % d,
+            };
+            let step = c.affine(&block, g).scale;
+            let slack = 4.0 * f32::EPSILON * (x.abs() + y.abs()) + 1e-30;
+            prop_assert!(
+                (x - y).abs() <= step / 2.0 + slack,
+                "{}: element {i}: {x} → {y}, step {step}",
+                c.name
+            );
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn int_groups_stay_within_half_a_step(
+            bits in 2u8..=4,
+            group in prop::sample::select(vec![32usize, 64, 128]),
+            offset in -1000.0f32..1000.0,
+            spread in prop::sample::select(vec![1e-6f32, 1e-3, 1.0, 100.0]),
+            raw in prop::collection::vec(-1.0f32..1.0, 128),
+        ) {
+            let c = IntCodec::new(bits, group, 128).unwrap();
+            let rows: Vec<f32> = raw.iter().map(|v| offset + spread * v).collect();
+            assert_half_step(&c, &rows)?;
+        }
+
+        #[test]
+        fn int8_stays_within_half_a_step(
+            key in any::<bool>(),
+            spread in prop::sample::select(vec![1e-6f32, 1.0, 3e4]),
+            raw in prop::collection::vec(-1.0f32..1.0, 32 * 64),
+        ) {
+            let role = if key { Role::Key } else { Role::Value };
+            let c = IntCodec::int8(role, 64).unwrap();
+            let rows: Vec<f32> = raw[..c.block_tokens() * 64].iter().map(|v| spread * v).collect();
+            assert_half_step(&c, &rows)?;
+        }
     }
 }
