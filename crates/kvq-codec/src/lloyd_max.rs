@@ -67,6 +67,9 @@ impl Codebook {
     }
 }
 
+/// Computed codebooks by `(head_dim, bits)`.
+type CodebookCache = HashMap<(usize, u32), Arc<Codebook>>;
+
 /// The Lloyd-Max codebook with `2^bits` centroids for one coordinate of a uniformly random unit
 /// vector in `head_dim` dimensions; computed once per `(head_dim, bits)` and cached.
 ///
@@ -74,7 +77,7 @@ impl Codebook {
 pub fn sphere_codebook(head_dim: usize, bits: u32) -> Arc<Codebook> {
     assert!(head_dim >= 3, "sphere codebooks need head_dim ≥ 3");
     assert!((1..=8).contains(&bits), "codebook bits must be 1..=8");
-    static CACHE: OnceLock<Mutex<HashMap<(usize, u32), Arc<Codebook>>>> = OnceLock::new();
+    static CACHE: OnceLock<Mutex<CodebookCache>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     if let Some(found) = cache.lock().unwrap().get(&(head_dim, bits)) {
         return Arc::clone(found);
