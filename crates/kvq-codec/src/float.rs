@@ -1,5 +1,6 @@
 //! The unquantized baselines: `f32`, `f16` and `bf16`, one row per block, little-endian.
 
+use crate::simd::{self, RowFormat};
 use crate::{check_finite, Codec, CodecError};
 use half::{bf16, f16};
 
@@ -16,6 +17,14 @@ pub enum FloatFormat {
 }
 
 impl FloatFormat {
+    fn row_format(self) -> RowFormat {
+        match self {
+            Self::F32 => RowFormat::F32,
+            Self::F16 => RowFormat::F16,
+            Self::Bf16 => RowFormat::Bf16,
+        }
+    }
+
     fn bytes(self) -> usize {
         match self {
             Self::F32 => 4,
@@ -36,15 +45,6 @@ impl FloatCodec {
         Self { format, head_dim }
     }
 
-    /// Reads element `i` of a run of encoded rows.
-    #[inline]
-    fn load(&self, bytes: &[u8], i: usize) -> f32 {
-        match self.format {
-            FloatFormat::F32 => f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap()),
-            FloatFormat::F16 => f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
-            FloatFormat::Bf16 => bf16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
-        }
-    }
 }
 
 impl Codec for FloatCodec {
@@ -89,23 +89,20 @@ impl Codec for FloatCodec {
         Ok(())
     }
     fn decode(&self, block: &[u8], rows: &mut [f32]) {
-        for (i, r) in rows.iter_mut().enumerate() {
-            *r = self.load(block, i);
-        }
+        rows.fill(0.0);
+        simd::axpy(self.format.row_format(), 1.0, block, rows);
     }
     fn score(&self, query: &[f32], blocks: &[u8], scores: &mut [f32]) {
-        let d = self.head_dim;
-        for (t, s) in scores.iter_mut().enumerate() {
-            *s = (0..d)
-                .map(|c| query[c] * self.load(blocks, t * d + c))
-                .sum();
+        let row = self.block_bytes();
+        for (s, r) in scores.iter_mut().zip(blocks.chunks_exact(row)) {
+            *s = simd::dot(self.format.row_format(), query, r);
         }
     }
     fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]) {
-        let d = self.head_dim;
-        for (t, &w) in weights.iter().enumerate() {
-            for (c, a) in acc.iter_mut().enumerate() {
-                *a += w * self.load(blocks, t * d + c);
+        let row = self.block_bytes();
+        for (&w, r) in weights.iter().zip(blocks.chunks_exact(row)) {
+            if w != 0.0 {
+                simd::axpy(self.format.row_format(), w, r, acc);
             }
         }
     }

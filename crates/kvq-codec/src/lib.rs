@@ -26,6 +26,7 @@ pub mod lloyd_max;
 pub mod oaken;
 pub mod registry;
 pub mod rotation;
+pub mod simd;
 pub mod turbo;
 pub mod uniform;
 
