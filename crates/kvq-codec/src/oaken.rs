@@ -1,37 +1,799 @@
-//! PLACEHOLDER — to be replaced by the real implementation.
-#![allow(unused)]
-use crate::{Calibration, Codec, CodecError, Role};
+//! Oaken (ISCA 2025; methods.md §1), the online half: per-layer thresholds profiled offline
+//! ([`OakenThresholds`], from [`Calibration::oaken_thresholds`]), per-token scales computed online.
+//!
+//! ## Groups
+//! Each element is classified by threshold compares only ([`OakenThresholds::group_of`]):
+//! outer (`x ≤ lo_outer` or `x ≥ hi_outer`, ≈4%), inner (`lo_inner < x < hi_inner`, ≈6%),
+//! middle (the rest, ≈90%). The middle and outer groups are **group-shifted**: a value on the
+//! low side (`x ≤ lo_inner`, resp. `x ≤ lo_outer`) becomes `x' = x − lo_inner` (resp.
+//! `x − lo_outer`), one on the high side `x' = x − hi_inner` (resp. `x − hi_outer`); the branch
+//! says which threshold to add back. (The reference code picks the branch by the sign of `x`;
+//! that is the same whenever `lo_inner < 0 < hi_inner`, and the side rule stays exact otherwise.)
+//!
+//! * **middle — 4 bits.** Per token, `lo = min(0, min x')` and `hi = max(0, max x')` (f16,
+//!   rounded outward so they always cover the values). The 16 codes form a uniform mid-rise grid
+//!   whose zero crossing is a code boundary: codes `< z` are the low branch, codes `≥ z` the high
+//!   branch, level `(q − z + ½)·step`, with `z = clamp(round(16·(−lo)/(hi − lo)), 1, 15)` and
+//!   `step = max(−lo/z, hi/(16 − z))` (≤ the 15-step asymmetric grid's step when both branches are
+//!   present). Putting the branch in the code keeps every middle error within `step/2`; a plain
+//!   asymmetric grid would reconstruct values next to the inner band on the wrong side of it.
+//! * **outer and inner — 5 bits = sign + 4-bit magnitude.** The magnitude (`|x'|` for outer,
+//!   `|x|` for inner) is quantized on `q·M/15`, `q = 0..15`, with `M` the token's largest
+//!   magnitude in that group (f16, rounded up); the sign bit is the branch (outer) or the sign
+//!   (inner). Error ≤ `M/30`.
+//!
+//! ## Fused dense-and-sparse layout (one token per block)
+//! ```text
+//! bytes 0..8            f16 middle lo, f16 middle hi, f16 outer M, f16 inner M
+//! next  S = ⌈d/64⌉      u8 per 64-element span: number of sparse entries of that span
+//! next  d/2             dense 4-bit codes, element i in byte i/2, low nibble first (bits::pack):
+//!                       the middle code, or the outlier's 4-bit magnitude
+//! next  K = d/8         sparse entries, sorted by element, one byte each:
+//!                       bits 0–5 index within its 64-element span, bit 6 group (1 outer,
+//!                       0 inner), bit 7 sign (1 = low branch / negative); unused bytes are 0
+//! ```
+//! The fixed outlier capacity `K = d/8` (12.5%, against the 10% the thresholds aim at) keeps
+//! [`Codec::block_bytes`] fixed. A token with more outliers keeps the outer ones with the largest
+//! `|x'|` first, then the inner ones farthest from both inner thresholds. The rest are demoted to
+//! the middle group: a demoted outer value stays on its branch and widens the token's middle range
+//! (its error is then within half a middle step, like any middle value); a demoted inner value is
+//! reconstructed at the middle level next to its nearer inner threshold (error ≤ half the inner
+//! band + half a middle step).
+//!
+//! Exact bits per element, `(8 + S + d/2 + d/8)·8/d`: **6.125** at d = 64 (49 bytes),
+//! **5.625** at d = 128 (90 bytes), **5.375** at d = 256 (172 bytes). (The paper's "4.4 bits"
+//! counts neither the outliers' dense slots, nor the scales, nor spare capacity.)
+//!
+//! [`Codec::score`] and [`Codec::accumulate`] work on the bytes: a 16-entry table of middle
+//! levels per token, a pass over the dense nibbles, then a correction at each sparse entry.
 
-/// Placeholder.
-pub struct OakenCodec;
-impl OakenCodec {
-    pub fn from_calibration(c: &Calibration, head_dim: usize) -> Result<Self, CodecError> {
-        todo!()
+use crate::{check_finite, Calibration, Codec, CodecError, OakenThresholds};
+use half::f16;
+
+/// Elements addressed by one sparse entry's 6-bit index.
+pub const SPAN: usize = 64;
+/// Bytes of per-token scale metadata (four f16).
+const META_BYTES: usize = 8;
+const GROUP_BIT: u8 = 1 << 6;
+const SIGN_BIT: u8 = 1 << 7;
+
+/// Oaken's three magnitude groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OakenGroup {
+    /// `x ≤ lo_outer` or `x ≥ hi_outer` (≈4%).
+    Outer,
+    /// Everything else (≈90%).
+    Middle,
+    /// `lo_inner < x < hi_inner` (≈6%).
+    Inner,
+}
+
+impl OakenThresholds {
+    /// Profiles thresholds from one layer's K (or V) values, as `oaken_preprocess_activation.py`
+    /// does: `lo_outer` and `lo_inner` are the 2% and 47% quantiles with "lower" interpolation,
+    /// `hi_inner` and `hi_outer` the 53% and 98% quantiles with "higher" interpolation (rank
+    /// `q·(n − 1)` in f64, rounded down resp. up). Reorders `values`.
+    ///
+    /// Panics if `values` is empty or holds NaN.
+    pub fn from_samples(values: &mut [f32]) -> Self {
+        assert!(!values.is_empty(), "Oaken thresholds need samples");
+        assert!(values.iter().all(|v| !v.is_nan()), "Oaken samples hold NaN");
+        let last = (values.len() - 1) as f64;
+        let mut at = |rank: f64| -> f32 {
+            *values
+                .select_nth_unstable_by(rank as usize, f32::total_cmp)
+                .1
+        };
+        Self {
+            lo_outer: at((0.02 * last).floor()),
+            lo_inner: at((0.47 * last).floor()),
+            hi_inner: at((0.53 * last).ceil()),
+            hi_outer: at((0.98 * last).ceil()),
+        }
+    }
+
+    /// The group of `x` (threshold compares only).
+    #[inline]
+    pub fn group_of(&self, x: f32) -> OakenGroup {
+        if x <= self.lo_outer || x >= self.hi_outer {
+            OakenGroup::Outer
+        } else if x > self.lo_inner && x < self.hi_inner {
+            OakenGroup::Inner
+        } else {
+            OakenGroup::Middle
+        }
     }
 }
+
+/// Oaken's online quantizer for one layer and role (see the module documentation).
+pub struct OakenCodec {
+    thresholds: OakenThresholds,
+    head_dim: usize,
+    outlier_capacity: usize,
+    spans: usize,
+}
+
+/// The middle group's grid for one token.
+#[derive(Clone, Copy, Debug)]
+struct MiddleGrid {
+    /// First code of the high branch.
+    zero_code: usize,
+    step: f32,
+}
+
+impl MiddleGrid {
+    fn new(lo: f32, hi: f32) -> Self {
+        if hi - lo <= 0.0 {
+            return Self {
+                zero_code: 8,
+                step: 0.0,
+            };
+        }
+        let zero_code = ((16.0 * -lo / (hi - lo)).round() as usize).clamp(1, 15);
+        let step = (-lo / zero_code as f32).max(hi / (16 - zero_code) as f32);
+        Self { zero_code, step }
+    }
+
+    /// Shifted value of code `q`.
+    fn level(&self, q: usize) -> f32 {
+        (q as f32 - self.zero_code as f32 + 0.5) * self.step
+    }
+
+    /// Code of shifted value `shifted` on the high (`true`) or low branch.
+    fn code(&self, shifted: f32, high: bool) -> u8 {
+        let steps = |v: f32| {
+            if self.step > 0.0 {
+                (v / self.step).floor().max(0.0) as usize
+            } else {
+                0
+            }
+        };
+        let z = self.zero_code;
+        let q = if high {
+            z + steps(shifted).min(15 - z)
+        } else {
+            z - 1 - steps(-shifted).min(z - 1)
+        };
+        q as u8
+    }
+}
+
+/// How one element is stored.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Slot {
+    /// Middle group: shifted value and branch.
+    Middle { shifted: f32, high: bool },
+    /// Sparse entry: group bit (outer), sign bit, magnitude.
+    Outlier {
+        outer: bool,
+        negative: bool,
+        magnitude: f32,
+    },
+}
+
+/// Per-token tables read from a block's metadata.
+struct TokenTables {
+    /// Reconstructed value of each middle code (threshold added back).
+    middle: [f32; 16],
+    outer_step: f32,
+    inner_step: f32,
+}
+
+fn f16_at(row: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32()
+}
+
+/// The smallest f16 `≥ x` for `x ≥ 0` (infinite when `x` exceeds f16's range).
+fn f16_at_least(x: f32) -> f16 {
+    let h = f16::from_f32(x);
+    if h.to_f32() < x {
+        f16::from_bits(h.to_bits() + 1)
+    } else {
+        h
+    }
+}
+
+impl OakenCodec {
+    /// Oaken with the thresholds of `calibration` and the default outlier capacity `head_dim/8`.
+    pub fn from_calibration(
+        calibration: &Calibration,
+        head_dim: usize,
+    ) -> Result<Self, CodecError> {
+        let thresholds =
+            calibration
+                .oaken_thresholds
+                .ok_or_else(|| CodecError::MissingCalibration {
+                    scheme: "oaken".into(),
+                    what: "per-layer K and V thresholds (OakenThresholds::from_samples over a \
+                       profiling run)"
+                        .into(),
+                })?;
+        Self::new(thresholds, head_dim, head_dim / 8)
+    }
+
+    /// Oaken with explicit thresholds and a fixed number of sparse entries per token.
+    /// `head_dim` must be a positive multiple of 8 and `outlier_capacity ≤ head_dim`.
+    pub fn new(
+        thresholds: OakenThresholds,
+        head_dim: usize,
+        outlier_capacity: usize,
+    ) -> Result<Self, CodecError> {
+        if head_dim == 0 || !head_dim.is_multiple_of(8) || outlier_capacity > head_dim {
+            return Err(CodecError::UnsupportedHeadDim {
+                scheme: "oaken".into(),
+                head_dim,
+                why: format!(
+                    "needs a positive multiple of 8 and at most head_dim outlier slots \
+                     (asked for {outlier_capacity})"
+                ),
+            });
+        }
+        let t = thresholds;
+        let finite = [t.lo_outer, t.lo_inner, t.hi_inner, t.hi_outer]
+            .iter()
+            .all(|v| v.is_finite());
+        if !(finite
+            && t.lo_outer <= t.lo_inner
+            && t.lo_inner <= t.hi_inner
+            && t.hi_inner <= t.hi_outer)
+        {
+            return Err(CodecError::InvalidCalibration {
+                scheme: "oaken".into(),
+                why: format!("thresholds must be finite and ordered lo_outer ≤ lo_inner ≤ hi_inner ≤ hi_outer, got {t:?}"),
+            });
+        }
+        Ok(Self {
+            thresholds,
+            head_dim,
+            outlier_capacity,
+            spans: head_dim.div_ceil(SPAN),
+        })
+    }
+
+    /// Sparse entries per token.
+    pub fn outlier_capacity(&self) -> usize {
+        self.outlier_capacity
+    }
+
+    fn dense_offset(&self) -> usize {
+        META_BYTES + self.spans
+    }
+
+    fn sparse_offset(&self) -> usize {
+        self.dense_offset() + self.head_dim / 2
+    }
+
+    /// How each element of `row` is stored, after the capacity rule.
+    fn slots(&self, row: &[f32]) -> Vec<Slot> {
+        let t = &self.thresholds;
+        let middle = |x: f32| {
+            let high = x >= t.hi_inner;
+            Slot::Middle {
+                shifted: x - if high { t.hi_inner } else { t.lo_inner },
+                high,
+            }
+        };
+        let mut slots: Vec<Slot> = row
+            .iter()
+            .map(|&x| match t.group_of(x) {
+                OakenGroup::Middle => middle(x),
+                OakenGroup::Outer => {
+                    let negative = x <= t.lo_outer;
+                    Slot::Outlier {
+                        outer: true,
+                        negative,
+                        magnitude: if negative {
+                            t.lo_outer - x
+                        } else {
+                            x - t.hi_outer
+                        },
+                    }
+                }
+                OakenGroup::Inner => Slot::Outlier {
+                    outer: false,
+                    negative: x < 0.0,
+                    magnitude: x.abs(),
+                },
+            })
+            .collect();
+        // Priority for the sparse slots: outer by |x'| descending, then inner by distance
+        // from the nearer inner threshold, descending.
+        let mut outliers: Vec<(bool, f32, usize)> = slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match *s {
+                Slot::Outlier {
+                    outer, magnitude, ..
+                } => {
+                    let x = row[i];
+                    let key = if outer {
+                        magnitude
+                    } else {
+                        (x - t.lo_inner).min(t.hi_inner - x)
+                    };
+                    Some((outer, key, i))
+                }
+                Slot::Middle { .. } => None,
+            })
+            .collect();
+        if outliers.len() > self.outlier_capacity {
+            outliers.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)));
+            for &(outer, _, i) in &outliers[self.outlier_capacity..] {
+                let x = row[i];
+                slots[i] = if outer {
+                    middle(x)
+                } else {
+                    let high = t.hi_inner - x < x - t.lo_inner;
+                    Slot::Middle { shifted: 0.0, high }
+                };
+            }
+        }
+        slots
+    }
+
+    fn tables(&self, row: &[u8]) -> TokenTables {
+        let grid = MiddleGrid::new(f16_at(row, 0), f16_at(row, 1));
+        let t = &self.thresholds;
+        let mut middle = [0f32; 16];
+        for (q, m) in middle.iter_mut().enumerate() {
+            let threshold = if q >= grid.zero_code {
+                t.hi_inner
+            } else {
+                t.lo_inner
+            };
+            *m = grid.level(q) + threshold;
+        }
+        TokenTables {
+            middle,
+            outer_step: f16_at(row, 2) / 15.0,
+            inner_step: f16_at(row, 3) / 15.0,
+        }
+    }
+
+    /// Calls `f(element, dense_code, value)` for each sparse entry of `row`, in element order.
+    fn for_each_outlier(
+        &self,
+        row: &[u8],
+        tables: &TokenTables,
+        mut f: impl FnMut(usize, u8, f32),
+    ) {
+        let t = &self.thresholds;
+        let dense = &row[self.dense_offset()..self.sparse_offset()];
+        let mut entries = row[self.sparse_offset()..].iter();
+        for (span, &count) in row[META_BYTES..META_BYTES + self.spans].iter().enumerate() {
+            for &entry in entries.by_ref().take(usize::from(count)) {
+                let i = span * SPAN + usize::from(entry & (GROUP_BIT - 1));
+                let code = (dense[i / 2] >> (4 * (i % 2))) & 15;
+                let magnitude = f32::from(code);
+                let negative = entry & SIGN_BIT != 0;
+                let value = match (entry & GROUP_BIT != 0, negative) {
+                    (true, false) => t.hi_outer + magnitude * tables.outer_step,
+                    (true, true) => t.lo_outer - magnitude * tables.outer_step,
+                    (false, false) => magnitude * tables.inner_step,
+                    (false, true) => -magnitude * tables.inner_step,
+                };
+                f(i, code, value);
+            }
+        }
+    }
+}
+
 impl Codec for OakenCodec {
     fn name(&self) -> String {
-        todo!()
+        "oaken".into()
     }
+
     fn head_dim(&self) -> usize {
-        todo!()
+        self.head_dim
     }
+
     fn block_tokens(&self) -> usize {
-        todo!()
+        1
     }
+
     fn block_bytes(&self) -> usize {
-        todo!()
+        self.sparse_offset() + self.outlier_capacity
     }
+
     fn encode(&self, rows: &[f32], out: &mut [u8]) -> Result<(), CodecError> {
-        todo!()
+        check_finite(rows, self.head_dim)?;
+        let slots = self.slots(rows);
+        // Largest middle −x' and x', outer |x'| and inner |x|, and the element each came from.
+        let mut largest = [0f32; 4];
+        let mut widest = [0usize; 4];
+        for (i, s) in slots.iter().enumerate() {
+            let (value, field) = match *s {
+                Slot::Middle { shifted, .. } if shifted < 0.0 => (-shifted, 0),
+                Slot::Middle { shifted, .. } => (shifted, 1),
+                Slot::Outlier {
+                    outer, magnitude, ..
+                } => (magnitude, if outer { 2 } else { 3 }),
+            };
+            if value > largest[field] {
+                largest[field] = value;
+                widest[field] = i;
+            }
+        }
+        for (field, value) in largest.into_iter().enumerate() {
+            let h = f16_at_least(value);
+            if !h.is_finite() {
+                return Err(CodecError::NonFinite {
+                    row: 0,
+                    channel: widest[field],
+                    value: rows[widest[field]],
+                });
+            }
+            // The middle minimum is stored negated back: rounded outward either way.
+            let h = if field == 0 { -h } else { h };
+            out[2 * field..2 * field + 2].copy_from_slice(&h.to_le_bytes());
+        }
+        let grid = MiddleGrid::new(f16_at(out, 0), f16_at(out, 1));
+        let outer_step = f16_at(out, 2) / 15.0;
+        let inner_step = f16_at(out, 3) / 15.0;
+        let magnitude_code = |m: f32, step: f32| {
+            if step > 0.0 {
+                (m / step).round().min(15.0) as u8
+            } else {
+                0
+            }
+        };
+        let (sparse_offset, dense_offset) = (self.sparse_offset(), self.dense_offset());
+        out[META_BYTES..sparse_offset].fill(0);
+        out[sparse_offset..].fill(0);
+        let mut next_entry = sparse_offset;
+        for (i, s) in slots.iter().enumerate() {
+            let code = match *s {
+                Slot::Middle { shifted, high } => grid.code(shifted, high),
+                Slot::Outlier {
+                    outer,
+                    negative,
+                    magnitude,
+                } => {
+                    out[next_entry] = (i % SPAN) as u8
+                        | if outer { GROUP_BIT } else { 0 }
+                        | if negative { SIGN_BIT } else { 0 };
+                    next_entry += 1;
+                    out[META_BYTES + i / SPAN] += 1;
+                    magnitude_code(magnitude, if outer { outer_step } else { inner_step })
+                }
+            };
+            out[dense_offset + i / 2] |= code << (4 * (i % 2));
+        }
+        Ok(())
     }
+
     fn decode(&self, block: &[u8], rows: &mut [f32]) {
-        todo!()
+        let tables = self.tables(block);
+        let dense = &block[self.dense_offset()..self.sparse_offset()];
+        for (pair, &byte) in rows.chunks_exact_mut(2).zip(dense) {
+            pair[0] = tables.middle[usize::from(byte & 15)];
+            pair[1] = tables.middle[usize::from(byte >> 4)];
+        }
+        self.for_each_outlier(block, &tables, |i, _, value| rows[i] = value);
     }
-    fn score(&self, q: &[f32], blocks: &[u8], scores: &mut [f32]) {
-        todo!()
+
+    fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]) {
+        for (row, score) in blocks.chunks_exact(self.block_bytes()).zip(scores) {
+            let tables = self.tables(row);
+            let dense = &row[self.dense_offset()..self.sparse_offset()];
+            let mut total = 0.0f32;
+            for (q, &byte) in prepared_query.chunks_exact(2).zip(dense) {
+                total += q[0] * tables.middle[usize::from(byte & 15)]
+                    + q[1] * tables.middle[usize::from(byte >> 4)];
+            }
+            self.for_each_outlier(row, &tables, |i, code, value| {
+                total += prepared_query[i] * (value - tables.middle[usize::from(code)]);
+            });
+            *score = total;
+        }
     }
-    fn accumulate(&self, w: &[f32], blocks: &[u8], acc: &mut [f32]) {
-        todo!()
+
+    fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]) {
+        for (row, &w) in blocks.chunks_exact(self.block_bytes()).zip(weights) {
+            let tables = self.tables(row);
+            let dense = &row[self.dense_offset()..self.sparse_offset()];
+            for (a, &byte) in acc.chunks_exact_mut(2).zip(dense) {
+                a[0] += w * tables.middle[usize::from(byte & 15)];
+                a[1] += w * tables.middle[usize::from(byte >> 4)];
+            }
+            self.for_each_outlier(row, &tables, |i, code, value| {
+                acc[i] += w * (value - tables.middle[usize::from(code)]);
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rotation::seeded_rng;
+    use rand::Rng;
+    use rand_distr::StandardNormal;
+
+    /// Gaussian rows with a few channels 8× stronger, like real keys.
+    fn sample_rows(count: usize, head_dim: usize, seed: u64) -> Vec<f32> {
+        let mut rng = seeded_rng(seed, 3);
+        (0..count * head_dim)
+            .map(|i| {
+                let g: f32 = rng.sample(StandardNormal);
+                if i % head_dim % 29 == 5 {
+                    8.0 * g
+                } else {
+                    g
+                }
+            })
+            .collect()
+    }
+
+    fn thresholds() -> OakenThresholds {
+        OakenThresholds::from_samples(&mut sample_rows(400, 128, 99))
+    }
+
+    /// The plain reading of methods.md §1.2.
+    fn reference_group(t: &OakenThresholds, x: f32) -> OakenGroup {
+        if x <= t.lo_outer || x >= t.hi_outer {
+            OakenGroup::Outer
+        } else if t.lo_inner < x && x < t.hi_inner {
+            OakenGroup::Inner
+        } else {
+            OakenGroup::Middle
+        }
+    }
+
+    /// `(element, outer, negative)` of every sparse entry, parsed from the documented layout.
+    fn entries(codec: &OakenCodec, block: &[u8]) -> Vec<(usize, bool, bool)> {
+        let mut out = Vec::new();
+        let mut next = codec.sparse_offset();
+        for span in 0..codec.spans {
+            for _ in 0..block[META_BYTES + span] {
+                let e = block[next];
+                out.push((
+                    span * SPAN + usize::from(e & 63),
+                    e & GROUP_BIT != 0,
+                    e & SIGN_BIT != 0,
+                ));
+                next += 1;
+            }
+        }
+        out
+    }
+
+    fn encode(codec: &OakenCodec, row: &[f32]) -> (Vec<u8>, Vec<f32>) {
+        let mut block = vec![0u8; codec.block_bytes()];
+        codec.encode(row, &mut block).unwrap();
+        let mut back = vec![0f32; row.len()];
+        codec.decode(&block, &mut back);
+        (block, back)
+    }
+
+    #[test]
+    fn from_samples_uses_lower_and_higher_quantiles() {
+        // 0..1000 shuffled: ranks 19.98, 469.53, 529.47, 979.02.
+        let mut values: Vec<f32> = (0..1000).map(|i| ((i * 617) % 1000) as f32).collect();
+        let t = OakenThresholds::from_samples(&mut values);
+        assert_eq!(
+            (t.lo_outer, t.lo_inner, t.hi_inner, t.hi_outer),
+            (19.0, 469.0, 530.0, 980.0)
+        );
+    }
+
+    #[test]
+    fn profiled_thresholds_give_the_4_90_6_split_on_fresh_data() {
+        let t = thresholds();
+        let fresh = sample_rows(400, 128, 5);
+        let count = |g| fresh.iter().filter(|&&x| t.group_of(x) == g).count() as f64;
+        let n = fresh.len() as f64;
+        assert!((count(OakenGroup::Outer) / n - 0.04).abs() < 0.005);
+        assert!((count(OakenGroup::Inner) / n - 0.06).abs() < 0.005);
+    }
+
+    #[test]
+    fn classification_matches_the_reference_and_the_stored_entries() {
+        let t = thresholds();
+        let mut probes = vec![t.lo_outer, t.lo_inner, t.hi_inner, t.hi_outer, 0.0];
+        probes.extend(
+            probes
+                .clone()
+                .iter()
+                .flat_map(|&v| [v.next_up(), v.next_down()]),
+        );
+        for x in probes.iter().chain(&sample_rows(10, 128, 6)) {
+            assert_eq!(t.group_of(*x), reference_group(&t, *x), "x={x}");
+        }
+        for head_dim in [64, 128, 256] {
+            // Capacity for every element: nothing is demoted, so entries = reference outliers.
+            let codec = OakenCodec::new(t, head_dim, head_dim).unwrap();
+            for row in sample_rows(20, head_dim, 7).chunks_exact(head_dim) {
+                let (block, _) = encode(&codec, row);
+                let want: Vec<(usize, bool, bool)> = row
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, &x)| match reference_group(&t, x) {
+                        OakenGroup::Outer => Some((i, true, x <= t.lo_outer)),
+                        OakenGroup::Inner => Some((i, false, x < 0.0)),
+                        OakenGroup::Middle => None,
+                    })
+                    .collect();
+                assert_eq!(entries(&codec, &block), want);
+            }
+        }
+    }
+
+    /// Half a step of each group's grid for one block: (middle, outer, inner).
+    fn half_steps(block: &[u8]) -> (f32, f32, f32) {
+        let grid = MiddleGrid::new(f16_at(block, 0), f16_at(block, 1));
+        (
+            grid.step / 2.0,
+            f16_at(block, 2) / 30.0,
+            f16_at(block, 3) / 30.0,
+        )
+    }
+
+    #[test]
+    fn every_group_is_within_half_a_step() {
+        let t = thresholds();
+        for head_dim in [64, 128, 256] {
+            let codec = OakenCodec::new(t, head_dim, head_dim).unwrap();
+            for row in sample_rows(50, head_dim, 8).chunks_exact(head_dim) {
+                let (block, back) = encode(&codec, row);
+                let (middle, outer, inner) = half_steps(&block);
+                // The scales are the group's own range: 4 bits over the shifted middle values.
+                let shifted_range = row
+                    .iter()
+                    .filter(|&&x| reference_group(&t, x) == OakenGroup::Middle)
+                    .map(|&x| {
+                        if x >= t.hi_inner {
+                            x - t.hi_inner
+                        } else {
+                            x - t.lo_inner
+                        }
+                    })
+                    .fold((0f32, 0f32), |(lo, hi), v| (lo.min(v), hi.max(v)));
+                assert!(middle <= (shifted_range.1 - shifted_range.0) / 15.0 * 0.5 * 1.01);
+                for (&x, &y) in row.iter().zip(&back) {
+                    let bound = match reference_group(&t, x) {
+                        OakenGroup::Middle => middle,
+                        OakenGroup::Outer => outer,
+                        OakenGroup::Inner => inner,
+                    };
+                    assert!(
+                        (x - y).abs() <= bound * 1.0001 + 1e-6,
+                        "x={x} decoded {y}, bound {bound}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn overflow_keeps_the_largest_outer_values_and_demotes_the_rest() {
+        let t = OakenThresholds {
+            lo_outer: -4.0,
+            lo_inner: -0.1,
+            hi_inner: 0.1,
+            hi_outer: 4.0,
+        };
+        let codec = OakenCodec::new(t, 64, 2).unwrap();
+        let mut row: Vec<f32> = (0..64)
+            .map(|i| if i % 2 == 0 { 1.0 } else { -2.0 })
+            .collect();
+        // Five outer values and two inner ones for two slots.
+        for (i, x) in [(3, 5.0), (10, -30.0), (20, 9.0), (40, -4.5), (63, 20.0)] {
+            row[i] = x;
+        }
+        row[7] = 0.01;
+        row[8] = -0.08;
+        let (block, back) = encode(&codec, &row);
+        // The two largest |x'| (−30 and 20) keep their slots.
+        assert_eq!(
+            entries(&codec, &block),
+            [(10, true, true), (63, true, false)]
+        );
+        let (middle, outer, _) = half_steps(&block);
+        for i in [10, 63] {
+            assert!((row[i] - back[i]).abs() <= outer * 1.0001, "{i}");
+        }
+        // Demoted outer values widen the middle range and keep its half-step bound.
+        assert!(f16_at(&block, 1) >= 9.0 - t.hi_inner);
+        for i in (0..64).filter(|i| ![7, 8, 10, 63].contains(i)) {
+            assert!((row[i] - back[i]).abs() <= middle * 1.0001, "{i}");
+        }
+        // Demoted inner values sit half a middle step beyond their nearer inner threshold.
+        assert!((back[7] - (t.hi_inner + middle)).abs() < 1e-5);
+        assert!((back[8] - (t.lo_inner - middle)).abs() < 1e-5);
+    }
+
+    #[test]
+    fn fused_score_and_accumulate_match_decode_then_dot() {
+        let t = thresholds();
+        for head_dim in [64, 128, 256] {
+            let codec = OakenCodec::from_calibration(
+                &Calibration {
+                    oaken_thresholds: Some(t),
+                    ..Calibration::default()
+                },
+                head_dim,
+            )
+            .unwrap();
+            let rows = sample_rows(6, head_dim, 9);
+            let query = sample_rows(1, head_dim, 10);
+            let weights = [0.5f32, -1.0, 0.25, 2.0, 0.1, 0.7];
+            let mut blocks = Vec::new();
+            let mut decoded = Vec::new();
+            for row in rows.chunks_exact(head_dim) {
+                let (block, back) = encode(&codec, row);
+                blocks.extend(block);
+                decoded.push(back);
+            }
+            let mut scores = [0f32; 6];
+            codec.score(&query, &blocks, &mut scores);
+            let mut acc = vec![0f32; head_dim];
+            codec.accumulate(&weights, &blocks, &mut acc);
+            for (t, back) in decoded.iter().enumerate() {
+                let want: f32 = back.iter().zip(&query).map(|(a, b)| a * b).sum();
+                assert!((scores[t] - want).abs() < 1e-3, "{} vs {want}", scores[t]);
+            }
+            for (c, a) in acc.iter().enumerate() {
+                let want: f32 = decoded.iter().zip(&weights).map(|(r, w)| w * r[c]).sum();
+                assert!((a - want).abs() < 1e-4, "{a} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn bits_per_element_count_scales_counts_and_capacity() {
+        let cal = Calibration {
+            oaken_thresholds: Some(thresholds()),
+            ..Calibration::default()
+        };
+        for (head_dim, bytes, bits) in [(64, 49, 6.125), (128, 90, 5.625), (256, 172, 5.375)] {
+            let codec = OakenCodec::from_calibration(&cal, head_dim).unwrap();
+            assert_eq!(codec.outlier_capacity(), head_dim / 8);
+            assert_eq!(codec.block_bytes(), bytes);
+            assert_eq!(codec.bits_per_element(), bits);
+        }
+    }
+
+    #[test]
+    fn missing_or_bad_calibration_and_non_finite_rows_are_rejected() {
+        let err = OakenCodec::from_calibration(&Calibration::default(), 128)
+            .err()
+            .unwrap();
+        assert!(matches!(err, CodecError::MissingCalibration { .. }));
+        assert!(err.to_string().contains("kvq calibrate"), "{err}");
+        let unordered = OakenThresholds {
+            lo_outer: 1.0,
+            lo_inner: -1.0,
+            hi_inner: 0.5,
+            hi_outer: 2.0,
+        };
+        assert!(matches!(
+            OakenCodec::new(unordered, 128, 16),
+            Err(CodecError::InvalidCalibration { .. })
+        ));
+        assert!(OakenCodec::new(thresholds(), 100, 12).is_err());
+
+        let codec = OakenCodec::new(thresholds(), 64, 8).unwrap();
+        let mut block = vec![0u8; codec.block_bytes()];
+        let mut row = vec![0.3f32; 64];
+        row[9] = f32::NAN;
+        assert!(matches!(
+            codec.encode(&row, &mut block),
+            Err(CodecError::NonFinite {
+                row: 0,
+                channel: 9,
+                ..
+            })
+        ));
+        row[9] = f32::INFINITY;
+        assert!(matches!(
+            codec.encode(&row, &mut block),
+            Err(CodecError::NonFinite { channel: 9, .. })
+        ));
+        row[9] = 1e6; // finite, but its scale does not fit an f16
+        assert!(matches!(
+            codec.encode(&row, &mut block),
+            Err(CodecError::NonFinite { channel: 9, .. })
+        ));
     }
 }
