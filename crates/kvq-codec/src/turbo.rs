@@ -172,11 +172,15 @@ fn write_f16(row: &mut [u8], offset: usize, value: f32, channel: usize) -> Resul
     Ok(())
 }
 
-fn norm(v: &[f32]) -> f32 {
+fn norm64(v: &[f32]) -> f64 {
     v.iter()
         .map(|&x| f64::from(x) * f64::from(x))
         .sum::<f64>()
-        .sqrt() as f32
+        .sqrt()
+}
+
+fn norm(v: &[f32]) -> f32 {
+    norm64(v) as f32
 }
 
 fn invalid(scheme: &str, why: String) -> CodecError {
@@ -406,8 +410,18 @@ impl Codec for TurboCodec {
                 .max_by(|&a, &b| v[a].abs().total_cmp(&v[b].abs()))
                 .unwrap_or(0)];
             write_f16(out, part.norm_offset, n, largest)?;
-            let inverse = if n > 0.0 { 1.0 / n } else { 0.0 };
-            let unit: Vec<f32> = v.iter().map(|x| x * inverse).collect();
+            // Divide in f64: the norm of a row of subnormals has no finite f32 inverse.
+            let n64 = norm64(&v);
+            let unit: Vec<f32> = v
+                .iter()
+                .map(|&x| {
+                    if n64 > 0.0 {
+                        (f64::from(x) / n64) as f32
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
             let mut y = vec![0f32; dim];
             part.rotation.apply(&unit, &mut y);
             for seg in &part.segments {
@@ -808,6 +822,18 @@ mod tests {
         let e = encode_all(&TurboCodec::mse(6, 128, 11, &none).unwrap(), &rows);
         assert_eq!(a, b);
         assert_ne!(c, e);
+    }
+
+    #[test]
+    fn rows_of_subnormals_encode() {
+        for codec in every_variant(64) {
+            let mut block = vec![0u8; codec.block_bytes()];
+            let row: Vec<f32> = (0..64).map(|i| (i as f32 - 30.0) * 1e-42).collect();
+            codec.encode(&row, &mut block).unwrap();
+            let mut back = vec![1f32; 64];
+            codec.decode(&block, &mut back);
+            assert!(back.iter().all(|v| v.abs() < 1e-30), "{}", codec.name());
+        }
     }
 
     #[test]
