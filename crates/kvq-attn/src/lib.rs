@@ -36,7 +36,12 @@ struct Partial {
 
 impl Partial {
     fn new(acc_len: usize, head_dim: usize) -> Self {
-        Self { max: f32::NEG_INFINITY, sum: 0.0, acc_codec: vec![0.0; acc_len], acc_full: vec![0.0; head_dim] }
+        Self {
+            max: f32::NEG_INFINITY,
+            sum: 0.0,
+            acc_codec: vec![0.0; acc_len],
+            acc_full: vec![0.0; head_dim],
+        }
     }
 
     fn merge(&mut self, other: Partial) {
@@ -73,18 +78,30 @@ fn visible(span: &RowSpan, pos: usize, window: Option<usize>) -> Option<(usize, 
 
 /// Multi-head attention of `queries` (`n × q_heads × head_dim`, token-major, at `positions`)
 /// over the cached rows of `view`, written to `out` (same shape as `queries`).
-pub fn attend(view: &LayerView, queries: &[f32], positions: &[usize], params: &AttnParams, out: &mut [f32]) {
+pub fn attend(
+    view: &LayerView,
+    queries: &[f32],
+    positions: &[usize],
+    params: &AttnParams,
+    out: &mut [f32],
+) {
     let d = view.head_dim;
     let n = positions.len();
     let group = params.q_heads / view.kv_heads;
-    assert_eq!(queries.len(), n * params.q_heads * d, "queries must be n × q_heads × head_dim");
+    assert_eq!(
+        queries.len(),
+        n * params.q_heads * d,
+        "queries must be n × q_heads × head_dim"
+    );
     assert_eq!(out.len(), queries.len());
 
     // Split the context into runs of spans so that there are enough items for every thread.
     let threads = rayon::current_num_threads();
     let items_wanted = 4 * threads;
     let base_items = n * view.kv_heads;
-    let splits = items_wanted.div_ceil(base_items).clamp(1, view.spans.len().max(1));
+    let splits = items_wanted
+        .div_ceil(base_items)
+        .clamp(1, view.spans.len().max(1));
     let per_split = view.spans.len().div_ceil(splits).max(1);
     let mut items = Vec::with_capacity(base_items * splits);
     for query in 0..n {
@@ -92,7 +109,11 @@ pub fn attend(view: &LayerView, queries: &[f32], positions: &[usize], params: &A
             let mut start = 0;
             while start < view.spans.len() {
                 let end = (start + per_split).min(view.spans.len());
-                items.push(Item { query, kv_head, spans: start..end });
+                items.push(Item {
+                    query,
+                    kv_head,
+                    spans: start..end,
+                });
                 start = end;
             }
         }
@@ -106,7 +127,9 @@ pub fn attend(view: &LayerView, queries: &[f32], positions: &[usize], params: &A
                 &queries[(item.query * params.q_heads + qh) * d..][..d]
             });
             let pos = positions[item.query];
-            let states = heads.map(|q| attend_run(view, q, pos, item, params)).collect();
+            let states = heads
+                .map(|q| attend_run(view, q, pos, item, params))
+                .collect();
             (item.query, item.kv_head, states)
         })
         .collect();
@@ -124,7 +147,11 @@ pub fn attend(view: &LayerView, queries: &[f32], positions: &[usize], params: &A
     for (slot, o) in merged.into_iter().zip(out.chunks_exact_mut(d)) {
         let state = slot.expect("every query head has at least one item");
         view.v_codec.finish(&state.acc_codec, o);
-        let inv = if state.sum > 0.0 { 1.0 / state.sum } else { 0.0 };
+        let inv = if state.sum > 0.0 {
+            1.0 / state.sum
+        } else {
+            0.0
+        };
         for (x, f) in o.iter_mut().zip(&state.acc_full) {
             *x = (*x + f) * inv;
         }
@@ -132,7 +159,13 @@ pub fn attend(view: &LayerView, queries: &[f32], positions: &[usize], params: &A
 }
 
 /// Softmax state of one query head over the spans of `item`.
-fn attend_run(view: &LayerView, query: &[f32], pos: usize, item: &Item, params: &AttnParams) -> Partial {
+fn attend_run(
+    view: &LayerView,
+    query: &[f32],
+    pos: usize,
+    item: &Item,
+    params: &AttnParams,
+) -> Partial {
     let d = view.head_dim;
     let mut state = Partial::new(view.v_codec.accumulator_len(), d);
     let scaled: Vec<f32> = query.iter().map(|x| x * params.scale).collect();
@@ -143,14 +176,24 @@ fn attend_run(view: &LayerView, query: &[f32], pos: usize, item: &Item, params: 
     let mut runs = Vec::new();
     let mut scores: Vec<f32> = Vec::new();
     for span in &view.spans[item.spans.clone()] {
-        let Some((from, to)) = visible(span, pos, params.window) else { continue };
-        let (codec, q): (&dyn Codec, &[f32]) =
-            if span.compressed() { (view.k_codec, &prepared) } else { (view.full_codec, &scaled) };
+        let Some((from, to)) = visible(span, pos, params.window) else {
+            continue;
+        };
+        let (codec, q): (&dyn Codec, &[f32]) = if span.compressed() {
+            (view.k_codec, &prepared)
+        } else {
+            (view.full_codec, &scaled)
+        };
         // Whole blocks of both the key and the value codec.
-        let align = if span.compressed() { view.flush_tokens } else { 1 };
+        let align = if span.compressed() {
+            view.flush_tokens
+        } else {
+            1
+        };
         let (first, last) = (from / align * align, to.div_ceil(align) * align);
         let bt = codec.block_tokens();
-        let keys = &span.keys(item.kv_head)[first / bt * codec.block_bytes()..last / bt * codec.block_bytes()];
+        let keys = &span.keys(item.kv_head)
+            [first / bt * codec.block_bytes()..last / bt * codec.block_bytes()];
         let at = scores.len();
         scores.resize(at + (last - first), 0.0);
         codec.score(q, keys, &mut scores[at..]);
@@ -178,9 +221,9 @@ fn attend_run(view: &LayerView, query: &[f32], pos: usize, item: &Item, params: 
             (view.full_codec, &mut state.acc_full)
         };
         let bt = codec.block_tokens();
-        let values = &span.values(item.kv_head)[first / bt * codec.block_bytes()..last / bt * codec.block_bytes()];
+        let values = &span.values(item.kv_head)
+            [first / bt * codec.block_bytes()..last / bt * codec.block_bytes()];
         codec.accumulate(weights, values, acc);
     }
     state
 }
-

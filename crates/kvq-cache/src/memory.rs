@@ -2,13 +2,18 @@
 //! pool follows (pages per sequence, full-precision rows reserved per sequence).
 
 use crate::pool::{flushable, full_row_format};
-use kvq_codec::float::FloatFormat;
 use crate::{CacheError, CacheOptions, LayerShape, Policy};
+use kvq_codec::float::FloatFormat;
 use kvq_codec::{build_codec, Calibration, Codec, OakenThresholds, Role, SchemeKind};
 
 /// Pages one sequence of `ctx` tokens holds at most in a layer of `shape`, whose codecs encode
 /// `flush_tokens` tokens at a time.
-pub fn pages_per_sequence(shape: &LayerShape, flush_tokens: usize, options: &CacheOptions, ctx: usize) -> usize {
+pub fn pages_per_sequence(
+    shape: &LayerShape,
+    flush_tokens: usize,
+    options: &CacheOptions,
+    ctx: usize,
+) -> usize {
     let stored = ctx.saturating_sub(options.sink_tokens);
     let encoded = flushable(stored, options.hot_window, flush_tokens);
     let global = encoded.div_ceil(options.page_tokens);
@@ -16,7 +21,9 @@ pub fn pages_per_sequence(shape: &LayerShape, flush_tokens: usize, options: &Cac
         None => global,
         // Live positions span at most window − 1 old tokens plus one appended run; pages are
         // aligned, so that span touches at most one page more than its length needs.
-        Some(window) => global.min((window - 1 + options.max_append_tokens).div_ceil(options.page_tokens) + 1),
+        Some(window) => {
+            global.min((window - 1 + options.max_append_tokens).div_ceil(options.page_tokens) + 1)
+        }
     }
 }
 
@@ -42,12 +49,21 @@ pub struct MemoryReport {
 /// depend on calibration values.
 pub fn sizing_calibration() -> Calibration {
     Calibration {
-        oaken_thresholds: Some(OakenThresholds { lo_outer: -1.0, lo_inner: -0.1, hi_inner: 0.1, hi_outer: 1.0 }),
+        oaken_thresholds: Some(OakenThresholds {
+            lo_outer: -1.0,
+            lo_inner: -0.1,
+            hi_inner: 0.1,
+            hi_outer: 1.0,
+        }),
         ..Calibration::default()
     }
 }
 
-fn sizing_codec(kind: SchemeKind, role: Role, head_dim: usize) -> Result<Box<dyn Codec>, CacheError> {
+fn sizing_codec(
+    kind: SchemeKind,
+    role: Role,
+    head_dim: usize,
+) -> Result<Box<dyn Codec>, CacheError> {
     Ok(build_codec(kind, role, head_dim, &sizing_calibration(), 0)?)
 }
 

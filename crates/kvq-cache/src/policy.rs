@@ -31,7 +31,15 @@ pub struct PolicyError {
 impl Policy {
     /// The same `spec` for every one of `layers` layers.
     pub fn uniform(spec: KvSpec, layers: usize) -> Self {
-        Self { layers: vec![LayerSchemes { k: spec.k, v: spec.v }; layers] }
+        Self {
+            layers: vec![
+                LayerSchemes {
+                    k: spec.k,
+                    v: spec.v
+                };
+                layers
+            ],
+        }
     }
 
     /// Checks that the policy has one entry per model layer.
@@ -39,7 +47,10 @@ impl Policy {
         if self.layers.len() == model_layers {
             Ok(())
         } else {
-            Err(PolicyError { policy_layers: self.layers.len(), model_layers })
+            Err(PolicyError {
+                policy_layers: self.layers.len(),
+                model_layers,
+            })
         }
     }
 

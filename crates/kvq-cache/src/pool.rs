@@ -27,7 +27,13 @@ pub struct CacheOptions {
 
 impl Default for CacheOptions {
     fn default() -> Self {
-        Self { page_tokens: 64, hot_window: 0, sink_tokens: 0, max_append_tokens: 512, seed: 0x6b7671 }
+        Self {
+            page_tokens: 64,
+            hot_window: 0,
+            sink_tokens: 0,
+            max_append_tokens: 512,
+            seed: 0x6b7671,
+        }
     }
 }
 
@@ -43,8 +49,20 @@ pub struct RowSpan<'a> {
 }
 
 enum Rows<'a> {
-    Page { page: &'a [u8], k_head_bytes: usize, v_head_bytes: usize, heads: usize, k_len: usize, v_len: usize },
-    Full { k: &'a [Vec<u8>], v: &'a [Vec<u8>], from: usize, len: usize },
+    Page {
+        page: &'a [u8],
+        k_head_bytes: usize,
+        v_head_bytes: usize,
+        heads: usize,
+        k_len: usize,
+        v_len: usize,
+    },
+    Full {
+        k: &'a [Vec<u8>],
+        v: &'a [Vec<u8>],
+        from: usize,
+        len: usize,
+    },
 }
 
 impl<'a> RowSpan<'a> {
@@ -55,16 +73,26 @@ impl<'a> RowSpan<'a> {
     /// Encoded key rows of KV head `head`.
     pub fn keys(&self, head: usize) -> &'a [u8] {
         match self.rows {
-            Rows::Page { page, k_head_bytes, k_len, .. } => &page[head * k_head_bytes..][..k_len],
+            Rows::Page {
+                page,
+                k_head_bytes,
+                k_len,
+                ..
+            } => &page[head * k_head_bytes..][..k_len],
             Rows::Full { k, from, len, .. } => &k[head][from..from + len],
         }
     }
     /// Encoded value rows of KV head `head`.
     pub fn values(&self, head: usize) -> &'a [u8] {
         match self.rows {
-            Rows::Page { page, k_head_bytes, v_head_bytes, heads, v_len, .. } => {
-                &page[heads * k_head_bytes + head * v_head_bytes..][..v_len]
-            }
+            Rows::Page {
+                page,
+                k_head_bytes,
+                v_head_bytes,
+                heads,
+                v_len,
+                ..
+            } => &page[heads * k_head_bytes + head * v_head_bytes..][..v_len],
             Rows::Full { v, from, len, .. } => &v[head][from..from + len],
         }
     }
@@ -175,7 +203,11 @@ impl KvCache {
             pool.free = (0..pages as u32).rev().collect();
             layers.push(pool);
         }
-        Ok(Self { layers, options, sequences: Vec::new() })
+        Ok(Self {
+            layers,
+            options,
+            sequences: Vec::new(),
+        })
     }
 
     fn empty_pool(
@@ -195,7 +227,7 @@ impl KvCache {
         let k_codec = build_codec(schemes.k, Role::Key, shape.head_dim, k_cal, seed)?;
         let v_codec = build_codec(schemes.v, Role::Value, shape.head_dim, v_cal, seed ^ 1)?;
         let flush_tokens = lcm(k_codec.block_tokens(), v_codec.block_tokens());
-        if options.page_tokens == 0 || options.page_tokens % flush_tokens != 0 {
+        if options.page_tokens == 0 || !options.page_tokens.is_multiple_of(flush_tokens) {
             return Err(CacheError::Config(format!(
                 "page size {} tokens is not a multiple of layer {l}'s codec block of {flush_tokens} tokens",
                 options.page_tokens
@@ -294,7 +326,10 @@ impl KvCache {
     }
 
     fn seq(&self, id: SeqId) -> Result<&Vec<SeqLayer>, CacheError> {
-        self.sequences.get(id.0 as usize).and_then(Option::as_ref).ok_or(CacheError::UnknownSequence(id))
+        self.sequences
+            .get(id.0 as usize)
+            .and_then(Option::as_ref)
+            .ok_or(CacheError::UnknownSequence(id))
     }
 
     /// A new sequence that shares `id`'s pages (copy-on-write) and copies its unencoded rows.
@@ -327,7 +362,14 @@ impl KvCache {
 
     /// Appends `tokens` rows of keys and values (`tokens × kv_heads × head_dim`, token-major)
     /// to `layer` of sequence `id`, at the next positions. On error nothing is changed.
-    pub fn append(&mut self, id: SeqId, layer: usize, k: &[f32], v: &[f32], tokens: usize) -> Result<(), CacheError> {
+    pub fn append(
+        &mut self,
+        id: SeqId,
+        layer: usize,
+        k: &[f32],
+        v: &[f32],
+        tokens: usize,
+    ) -> Result<(), CacheError> {
         self.seq(id)?;
         let pool = &mut self.layers[layer];
         let (heads, d) = (pool.shape.kv_heads, pool.shape.head_dim);
@@ -342,7 +384,11 @@ impl KvCache {
         check_finite(k, d)?;
         check_finite(v, d)?;
         let opts = self.options;
-        let sl = self.sequences[id.0 as usize].as_mut().expect("checked live").get_mut(layer).expect("layer");
+        let sl = self.sequences[id.0 as usize]
+            .as_mut()
+            .expect("checked live")
+            .get_mut(layer)
+            .expect("layer");
         release_dead_pages(pool, sl, &opts);
         // Pages needed: new pages for the tokens that will be encoded, plus a copy of a shared
         // last page that would be written.
@@ -351,12 +397,19 @@ impl KvCache {
         let pages_after = encoded_after.div_ceil(pool.page_tokens);
         let pages_now = sl.encoded.div_ceil(pool.page_tokens);
         let mut needed = pages_after - pages_now;
-        let last_shared = sl.encoded % pool.page_tokens != 0
+        let last_shared = !sl.encoded.is_multiple_of(pool.page_tokens)
             && encoded_after > sl.encoded
-            && sl.pages.last().is_some_and(|&p| pool.refcount[p as usize] > 1);
+            && sl
+                .pages
+                .last()
+                .is_some_and(|&p| pool.refcount[p as usize] > 1);
         needed += usize::from(last_shared);
         if needed > pool.free.len() {
-            return Err(CacheError::Full { layer, pages: pool.pages(), page_tokens: pool.page_tokens });
+            return Err(CacheError::Full {
+                layer,
+                pages: pool.pages(),
+                page_tokens: pool.page_tokens,
+            });
         }
 
         let mut row = vec![0u8; pool.full_row_bytes()];
@@ -364,9 +417,10 @@ impl KvCache {
             let into_sink = sl.len < opts.sink_tokens;
             for h in 0..heads {
                 let at = (t * heads + h) * d;
-                for (src, sink, stage) in
-                    [(k, &mut sl.sink_k[h], &mut sl.stage_k[h]), (v, &mut sl.sink_v[h], &mut sl.stage_v[h])]
-                {
+                for (src, sink, stage) in [
+                    (k, &mut sl.sink_k[h], &mut sl.stage_k[h]),
+                    (v, &mut sl.sink_v[h], &mut sl.stage_v[h]),
+                ] {
                     pool.full_codec.encode(&src[at..at + d], &mut row)?;
                     if into_sink { sink } else { stage }.extend_from_slice(&row);
                 }
@@ -389,8 +443,17 @@ impl KvCache {
         let sinks = sl.len.min(self.options.sink_tokens);
         let mut spans = Vec::with_capacity(sl.pages.len() + 2);
         if sinks > 0 {
-            let rows = Rows::Full { k: &sl.sink_k, v: &sl.sink_v, from: 0, len: sinks * row };
-            spans.push(RowSpan { first_pos: 0, tokens: sinks, rows });
+            let rows = Rows::Full {
+                k: &sl.sink_k,
+                v: &sl.sink_v,
+                from: 0,
+                len: sinks * row,
+            };
+            spans.push(RowSpan {
+                first_pos: 0,
+                tokens: sinks,
+                rows,
+            });
         }
         let rows_bytes = |c: &dyn Codec, tokens: usize| tokens / c.block_tokens() * c.block_bytes();
         for (i, &p) in sl.pages.iter().enumerate() {
@@ -404,12 +467,25 @@ impl KvCache {
                 k_len: rows_bytes(pool.k_codec.as_ref(), tokens),
                 v_len: rows_bytes(pool.v_codec.as_ref(), tokens),
             };
-            spans.push(RowSpan { first_pos: sinks + first, tokens, rows });
+            spans.push(RowSpan {
+                first_pos: sinks + first,
+                tokens,
+                rows,
+            });
         }
         let staged = sl.len - sinks - sl.encoded;
         if staged > 0 {
-            let rows = Rows::Full { k: &sl.stage_k, v: &sl.stage_v, from: 0, len: staged * row };
-            spans.push(RowSpan { first_pos: sinks + sl.encoded, tokens: staged, rows });
+            let rows = Rows::Full {
+                k: &sl.stage_k,
+                v: &sl.stage_v,
+                from: 0,
+                len: staged * row,
+            };
+            spans.push(RowSpan {
+                first_pos: sinks + sl.encoded,
+                tokens: staged,
+                rows,
+            });
         }
         Ok(LayerView {
             k_codec: pool.k_codec.as_ref(),
@@ -438,7 +514,10 @@ fn flush_block(pool: &mut LayerPool, sl: &mut SeqLayer) -> Result<(), CacheError
         if pool.refcount[*last as usize] > 1 {
             let copy = pool.free.pop().expect("append reserved the copy");
             let bytes = pool.page_bytes();
-            pool.arena.copy_within(*last as usize * bytes..(*last as usize + 1) * bytes, copy as usize * bytes);
+            pool.arena.copy_within(
+                *last as usize * bytes..(*last as usize + 1) * bytes,
+                copy as usize * bytes,
+            );
             pool.refcount[*last as usize] -= 1;
             pool.refcount[copy as usize] = 1;
             *last = copy;
@@ -449,8 +528,16 @@ fn flush_block(pool: &mut LayerPool, sl: &mut SeqLayer) -> Result<(), CacheError
     let mut rows = vec![0f32; n * d];
     for h in 0..heads {
         for (stage, codec, base) in [
-            (&mut sl.stage_k[h], pool.k_codec.as_ref(), h * pool.k_head_bytes),
-            (&mut sl.stage_v[h], pool.v_codec.as_ref(), heads * pool.k_head_bytes + h * pool.v_head_bytes),
+            (
+                &mut sl.stage_k[h],
+                pool.k_codec.as_ref(),
+                h * pool.k_head_bytes,
+            ),
+            (
+                &mut sl.stage_v[h],
+                pool.v_codec.as_ref(),
+                heads * pool.k_head_bytes + h * pool.v_head_bytes,
+            ),
         ] {
             for (t, r) in rows.chunks_exact_mut(d).enumerate() {
                 pool.full_codec.decode(&stage[t * row..(t + 1) * row], r);
@@ -471,10 +558,14 @@ fn flush_block(pool: &mut LayerPool, sl: &mut SeqLayer) -> Result<(), CacheError
 /// Returns to the pool the pages of a sliding-window layer that no query from position
 /// `len` on can see (every position `< len + 1 − window`).
 fn release_dead_pages(pool: &mut LayerPool, sl: &mut SeqLayer, opts: &CacheOptions) {
-    let Some(window) = pool.shape.window else { return };
+    let Some(window) = pool.shape.window else {
+        return;
+    };
     let first_live = (sl.len + 1).saturating_sub(window);
     let first_live_encoded = first_live.saturating_sub(opts.sink_tokens);
-    let dead_pages = (first_live_encoded / pool.page_tokens).saturating_sub(sl.first_page).min(sl.pages.len());
+    let dead_pages = (first_live_encoded / pool.page_tokens)
+        .saturating_sub(sl.first_page)
+        .min(sl.pages.len());
     for p in sl.pages.drain(..dead_pages) {
         pool.release(p);
     }

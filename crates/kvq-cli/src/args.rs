@@ -31,7 +31,9 @@ impl ModelArgs {
         }
         let candidates = [
             PathBuf::from("models").join(REFERENCE_MODEL),
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models").join(REFERENCE_MODEL),
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models")
+                .join(REFERENCE_MODEL),
         ];
         candidates.iter().find(|p| p.exists()).cloned().with_context(|| {
             format!("no model given and {REFERENCE_MODEL} not found in ./models; run scripts/setup-model.sh or pass --model PATH")
@@ -93,7 +95,9 @@ impl CacheArgs {
     pub fn options(&self, max_append_tokens: usize) -> Result<CacheOptions> {
         let spec = self.spec()?;
         let kivi = |k: SchemeKind| matches!(k, SchemeKind::Kivi { .. });
-        let hot_window = self.hot_window.unwrap_or(if kivi(spec.k) || kivi(spec.v) { 128 } else { 0 });
+        let hot_window =
+            self.hot_window
+                .unwrap_or(if kivi(spec.k) || kivi(spec.v) { 128 } else { 0 });
         if self.page_tokens == 0 {
             bail!("--page-tokens must be positive");
         }

@@ -34,17 +34,26 @@ pub fn run(args: Args) -> Result<()> {
                     "v_block_tokens": v.block_tokens(), "v_block_bytes": v.block_bytes(),
                 }));
             }
-            (Err(e), _) | (_, Err(e)) => rows.push(serde_json::json!({"name": name, "error": e.to_string()})),
+            (Err(e), _) | (_, Err(e)) => {
+                rows.push(serde_json::json!({"name": name, "error": e.to_string()}))
+            }
         }
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    println!("{:<14} {:>8} {:>8} {:>8}   head_dim {}", "scheme", "bits", "K bits", "V bits", args.head_dim);
+    println!(
+        "{:<14} {:>8} {:>8} {:>8}   head_dim {}",
+        "scheme", "bits", "K bits", "V bits", args.head_dim
+    );
     for r in &rows {
         match r.get("error") {
-            Some(e) => println!("{:<14} unavailable: {}", r["name"].as_str().unwrap_or(""), e.as_str().unwrap_or("")),
+            Some(e) => println!(
+                "{:<14} unavailable: {}",
+                r["name"].as_str().unwrap_or(""),
+                e.as_str().unwrap_or("")
+            ),
             None => println!(
                 "{:<14} {:>8.4} {:>8.4} {:>8.4}",
                 r["name"].as_str().unwrap_or(""),

@@ -46,7 +46,9 @@ pub fn run(args: Args) -> Result<()> {
         Some(p) => p.clone(),
         None => {
             let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).context("reading the prompt from stdin")?;
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("reading the prompt from stdin")?;
             s
         }
     };
@@ -67,8 +69,14 @@ pub fn run(args: Args) -> Result<()> {
     }
     let policy = args.cache.policy(c.layers)?;
     let options = args.cache.options(args.batch)?;
-    let mut cache =
-        KvCache::new(&c.layer_shapes(), &policy, &args.cache.calibration(c.layers), options, total, 1)?;
+    let mut cache = KvCache::new(
+        &c.layer_shapes(),
+        &policy,
+        &args.cache.calibration(c.layers),
+        options,
+        total,
+        1,
+    )?;
     let seq = cache.add_sequence();
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: args.temperature,
@@ -76,7 +84,10 @@ pub fn run(args: Args) -> Result<()> {
         top_p: args.top_p,
         seed: args.seed,
     });
-    let stops = [Some(tokenizer.eos_id()), tokenizer.token_id("<end_of_turn>")];
+    let stops = [
+        Some(tokenizer.eos_id()),
+        tokenizer.token_id("<end_of_turn>"),
+    ];
 
     let t0 = Instant::now();
     let mut hidden = Vec::new();

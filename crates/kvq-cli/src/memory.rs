@@ -50,7 +50,9 @@ pub fn run(args: Args) -> Result<()> {
                 .map(|l| LayerShape {
                     kv_heads,
                     head_dim,
-                    window: args.window.filter(|_| (l + 1) % args.sliding_pattern != 0),
+                    window: args
+                        .window
+                        .filter(|_| !(l + 1).is_multiple_of(args.sliding_pattern)),
                 })
                 .collect()
         }
@@ -59,7 +61,13 @@ pub fn run(args: Args) -> Result<()> {
     let policy = args.cache.policy(shapes.len())?;
     let options = args.cache.options(args.ctx.min(512))?;
     let report = kvq_cache::memory::plan(&shapes, &policy, &options, args.ctx, args.batch)?;
-    let f16 = kvq_cache::memory::plan(&shapes, &kvq_cache::Policy::uniform(kvq_codec::KvSpec::parse("f16")?, shapes.len()), &options, args.ctx, args.batch)?;
+    let f16 = kvq_cache::memory::plan(
+        &shapes,
+        &kvq_cache::Policy::uniform(kvq_codec::KvSpec::parse("f16")?, shapes.len()),
+        &options,
+        args.ctx,
+        args.batch,
+    )?;
     if args.json {
         let v = serde_json::json!({
             "kv": policy.describe(),

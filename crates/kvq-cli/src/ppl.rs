@@ -29,16 +29,25 @@ pub struct Args {
 
 /// Runs the perplexity procedure and prints the result.
 pub fn run(args: Args) -> Result<()> {
-    let text = std::fs::read_to_string(&args.text).with_context(|| format!("reading {}", args.text.display()))?;
+    let text = std::fs::read_to_string(&args.text)
+        .with_context(|| format!("reading {}", args.text.display()))?;
     let (model, tokenizer) = args.model.load()?;
     let c = &model.config;
     if args.ctx < 4 || args.ctx > c.context_length {
-        bail!("--ctx must be between 4 and the model's context length {}", c.context_length);
+        bail!(
+            "--ctx must be between 4 and the model's context length {}",
+            c.context_length
+        );
     }
     let tokens = tokenizer.encode(&text, true);
     let available = tokens.len() / args.ctx;
     if available == 0 {
-        bail!("{} holds {} tokens, fewer than one chunk of {}", args.text.display(), tokens.len(), args.ctx);
+        bail!(
+            "{} holds {} tokens, fewer than one chunk of {}",
+            args.text.display(),
+            tokens.len(),
+            args.ctx
+        );
     }
     let chunks = args.chunks.min(available);
     let opts = PplOptions {
@@ -48,9 +57,15 @@ pub fn run(args: Args) -> Result<()> {
         calibration: args.cache.calibration(c.layers),
         cache: args.cache.options(args.ctx)?,
     };
-    let memory = kvq_cache::memory::plan(&c.layer_shapes(), &opts.policy, &opts.cache, args.ctx, 1)?;
+    let memory =
+        kvq_cache::memory::plan(&c.layer_shapes(), &opts.policy, &opts.cache, args.ctx, 1)?;
     let bar = ProgressBar::new(chunks as u64);
-    bar.set_style(ProgressStyle::with_template("{spinner} ppl [{bar:30}] {pos}/{len} chunks {msg} ({elapsed}, eta {eta})")?.progress_chars("=> "));
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} ppl [{bar:30}] {pos}/{len} chunks {msg} ({elapsed}, eta {eta})",
+        )?
+        .progress_chars("=> "),
+    );
     let start = std::time::Instant::now();
     let report = perplexity(&model, &tokens, tokenizer.bos_id(), &opts, |done, ppl| {
         bar.set_position(done as u64);

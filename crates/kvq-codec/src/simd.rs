@@ -39,7 +39,7 @@ fn load(format: RowFormat, row: &[u8], i: usize) -> f32 {
 #[inline]
 pub fn dot(format: RowFormat, q: &[f32], row: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() && q.len() % 8 == 0 {
+    if has_avx2() && q.len().is_multiple_of(8) {
         // SAFETY: the CPU supports AVX2, FMA and F16C; lengths are checked by the slicing.
         return unsafe { avx2::dot(format, q, row) };
     }
@@ -50,7 +50,7 @@ pub fn dot(format: RowFormat, q: &[f32], row: &[u8]) -> f32 {
 #[inline]
 pub fn axpy(format: RowFormat, w: f32, row: &[u8], acc: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() && acc.len() % 8 == 0 {
+    if has_avx2() && acc.len().is_multiple_of(8) {
         // SAFETY: as in `dot`.
         return unsafe { avx2::axpy(format, w, row, acc) };
     }

@@ -78,5 +78,11 @@ pub fn perplexity(
     let mean = nll.iter().sum::<f64>() / n;
     let var = nll.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
     let ppl = mean.exp();
-    Ok(PplReport { ppl, ppl_stderr: ppl * (var / n).sqrt(), tokens: nll.len(), chunks, nll })
+    Ok(PplReport {
+        ppl,
+        ppl_stderr: ppl * (var / n).sqrt(),
+        tokens: nll.len(),
+        chunks,
+        nll,
+    })
 }

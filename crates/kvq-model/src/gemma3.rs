@@ -92,7 +92,7 @@ impl Gemma3Config {
 
     /// Whether layer `l` uses the sliding window.
     pub fn is_sliding(&self, l: usize) -> bool {
-        (l + 1) % self.sliding_pattern != 0
+        !(l + 1).is_multiple_of(self.sliding_pattern)
     }
 
     /// The cache shape of every layer.
@@ -140,13 +140,21 @@ fn matrix(g: &Gguf, name: &str, rows: usize, cols: usize) -> Result<QMatrix, Ggu
             problem: format!("shape {:?}, expected [{cols}, {rows}]", t.dims),
         });
     }
-    Ok(QMatrix { dtype: t.dtype, rows, cols, data: g.tensor_bytes(t).to_vec() })
+    Ok(QMatrix {
+        dtype: t.dtype,
+        rows,
+        cols,
+        data: g.tensor_bytes(t).to_vec(),
+    })
 }
 
 fn vector(g: &Gguf, name: &str, len: usize) -> Result<Vec<f32>, GgufError> {
     let t = g.tensor(name)?;
     if t.dims != [len] {
-        return Err(GgufError::Tensor { name: name.into(), problem: format!("shape {:?}, expected [{len}]", t.dims) });
+        return Err(GgufError::Tensor {
+            name: name.into(),
+            problem: format!("shape {:?}, expected [{len}]", t.dims),
+        });
     }
     let mut out = vec![0f32; len];
     crate::quant::dequantize_row(t.dtype, g.tensor_bytes(t), &mut out);
@@ -157,7 +165,12 @@ impl Gemma3 {
     /// Loads the weights from an open GGUF file.
     pub fn load(g: &Gguf) -> Result<Self, GgufError> {
         let c = Gemma3Config::from_gguf(g)?;
-        let (h, q, kv, f) = (c.hidden, c.q_heads * c.head_dim, c.kv_heads * c.head_dim, c.ffn);
+        let (h, q, kv, f) = (
+            c.hidden,
+            c.q_heads * c.head_dim,
+            c.kv_heads * c.head_dim,
+            c.ffn,
+        );
         let mut layers = Vec::with_capacity(c.layers);
         for l in 0..c.layers {
             let n = |s: &str| format!("blk.{l}.{s}.weight");
@@ -184,7 +197,12 @@ impl Gemma3 {
                 problem: "an f32 embedding this large is not supported".into(),
             });
         }
-        Ok(Self { output_norm: vector(g, "output_norm.weight", h)?, token_embd, layers, config: c })
+        Ok(Self {
+            output_norm: vector(g, "output_norm.weight", h)?,
+            token_embd,
+            layers,
+            config: c,
+        })
     }
 
     /// Runs `tokens` through the model at the next positions of sequence `seq`, writing their
@@ -202,10 +220,16 @@ impl Gemma3 {
         let n = tokens.len();
         let start = cache.len(seq, 0)?;
         if start + n > c.context_length {
-            return Err(ModelError::ContextOverflow { tokens: start + n, context_length: c.context_length });
+            return Err(ModelError::ContextOverflow {
+                tokens: start + n,
+                context_length: c.context_length,
+            });
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
-            return Err(ModelError::BadToken { id: bad, vocab: c.vocab });
+            return Err(ModelError::BadToken {
+                id: bad,
+                vocab: c.vocab,
+            });
         }
         let (h, d) = (c.hidden, c.head_dim);
         let embed_scale = (h as f32).sqrt();
@@ -216,7 +240,12 @@ impl Gemma3 {
         }
         let positions: Vec<usize> = (start..start + n).collect();
         let (qd, kvd) = (c.q_heads * d, c.kv_heads * d);
-        let (mut normed, mut q, mut k, mut v) = (vec![0f32; n * h], vec![0f32; n * qd], vec![0f32; n * kvd], vec![0f32; n * kvd]);
+        let (mut normed, mut q, mut k, mut v) = (
+            vec![0f32; n * h],
+            vec![0f32; n * qd],
+            vec![0f32; n * kvd],
+            vec![0f32; n * kvd],
+        );
         let (mut attn, mut proj) = (vec![0f32; n * qd], vec![0f32; n * h]);
         let (mut gate, mut up) = (vec![0f32; n * c.ffn], vec![0f32; n * c.ffn]);
         for (l, layer) in self.layers.iter().enumerate() {
@@ -226,7 +255,11 @@ impl Gemma3 {
             layer.wv.matmul(&normed, n, &mut v);
             rms_norm_in_place(&mut q, &layer.q_norm, c.rms_eps);
             rms_norm_in_place(&mut k, &layer.k_norm, c.rms_eps);
-            let base = if c.is_sliding(l) { c.rope_base_local } else { c.rope_base_global };
+            let base = if c.is_sliding(l) {
+                c.rope_base_local
+            } else {
+                c.rope_base_global
+            };
             rope_neox(&mut q, d, &positions, base);
             rope_neox(&mut k, d, &positions, base);
             cache.append(seq, l, &k, &v, n)?;
@@ -243,7 +276,9 @@ impl Gemma3 {
             rms_norm_rows(&x, &layer.ffn_norm, c.rms_eps, &mut normed);
             layer.gate.matmul(&normed, n, &mut gate);
             layer.up.matmul(&normed, n, &mut up);
-            gate.iter_mut().zip(&up).for_each(|(g, u)| *g = gelu_tanh(*g) * u);
+            gate.iter_mut()
+                .zip(&up)
+                .for_each(|(g, u)| *g = gelu_tanh(*g) * u);
             layer.down.matmul(&gate, n, &mut proj);
             rms_norm_in_place(&mut proj, &layer.post_ffn_norm, c.rms_eps);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
@@ -282,7 +317,9 @@ fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
 /// per call, so no table grows with the context.
 fn rope_neox(x: &mut [f32], head_dim: usize, positions: &[usize], base: f64) {
     let half = head_dim / 2;
-    let inv_freq: Vec<f64> = (0..half).map(|i| base.powf(-2.0 * i as f64 / head_dim as f64)).collect();
+    let inv_freq: Vec<f64> = (0..half)
+        .map(|i| base.powf(-2.0 * i as f64 / head_dim as f64))
+        .collect();
     let per_token = x.len() / positions.len();
     let mut cos_sin = vec![(0f32, 0f32); half];
     for (row, &pos) in x.chunks_exact_mut(per_token).zip(positions) {

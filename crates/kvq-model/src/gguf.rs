@@ -129,10 +129,46 @@ pub enum TensorType {
 }
 
 const GGML_TYPE_NAMES: [&str; 40] = [
-    "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K",
-    "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S",
-    "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16", "Q4_0_4_4", "Q4_0_4_8",
-    "Q4_0_8_8", "TQ1_0", "TQ2_0", "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4",
+    "F32",
+    "F16",
+    "Q4_0",
+    "Q4_1",
+    "Q4_2",
+    "Q4_3",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q8_1",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "Q8_K",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ3_XXS",
+    "IQ1_S",
+    "IQ4_NL",
+    "IQ3_S",
+    "IQ2_S",
+    "IQ4_XS",
+    "I8",
+    "I16",
+    "I32",
+    "I64",
+    "F64",
+    "IQ1_M",
+    "BF16",
+    "Q4_0_4_4",
+    "Q4_0_4_8",
+    "Q4_0_8_8",
+    "TQ1_0",
+    "TQ2_0",
+    "IQ4_NL_4_4",
+    "IQ4_NL_4_8",
+    "IQ4_NL_8_8",
+    "MXFP4",
 ];
 
 impl TensorType {
@@ -274,16 +310,24 @@ impl<'a> Reader<'a> {
         Ok(match type_id {
             0 => Value::Int(i64::from(self.take(1, what)?[0])),
             1 => Value::Int(i64::from(self.take(1, what)?[0] as i8)),
-            2 => Value::Int(i64::from(u16::from_le_bytes(self.take(2, what)?.try_into().unwrap()))),
-            3 => Value::Int(i64::from(i16::from_le_bytes(self.take(2, what)?.try_into().unwrap()))),
+            2 => Value::Int(i64::from(u16::from_le_bytes(
+                self.take(2, what)?.try_into().unwrap(),
+            ))),
+            3 => Value::Int(i64::from(i16::from_le_bytes(
+                self.take(2, what)?.try_into().unwrap(),
+            ))),
             4 => Value::Int(i64::from(self.u32(what)?)),
             5 => Value::Int(i64::from(self.u32(what)? as i32)),
-            6 => Value::Float(f64::from(f32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))),
+            6 => Value::Float(f64::from(f32::from_le_bytes(
+                self.take(4, what)?.try_into().unwrap(),
+            ))),
             7 => Value::Bool(self.take(1, what)?[0] != 0),
             8 => Value::Str(self.string(what)?),
             9 => {
                 if depth > 2 {
-                    return Err(GgufError::Corrupt(format!("{what}: arrays nested too deeply")));
+                    return Err(GgufError::Corrupt(format!(
+                        "{what}: arrays nested too deeply"
+                    )));
                 }
                 let elem_type = self.u32(what)?;
                 let n = self.len(what)?;
@@ -299,7 +343,11 @@ impl<'a> Reader<'a> {
             }
             11 => Value::Int(self.u64(what)? as i64),
             12 => Value::Float(f64::from_le_bytes(self.take(8, what)?.try_into().unwrap())),
-            t => return Err(GgufError::Corrupt(format!("{what}: unknown value type {t}"))),
+            t => {
+                return Err(GgufError::Corrupt(format!(
+                    "{what}: unknown value type {t}"
+                )))
+            }
         })
     }
 }
@@ -307,7 +355,10 @@ impl<'a> Reader<'a> {
 impl Gguf {
     /// Opens and validates a GGUF file.
     pub fn open(path: &Path) -> Result<Self, GgufError> {
-        let io = |source| GgufError::Io { path: path.to_path_buf(), source };
+        let io = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
         let file = File::open(path).map_err(io)?;
         // SAFETY: the mapping is read-only; kvq never writes model files while it runs.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
@@ -348,7 +399,9 @@ impl Gguf {
             let name = r.string(&format!("tensor name #{i}"))?;
             let n_dims = r.u32(&name)? as usize;
             if n_dims == 0 || n_dims > 4 {
-                return Err(GgufError::Corrupt(format!("tensor {name} has {n_dims} dimensions")));
+                return Err(GgufError::Corrupt(format!(
+                    "tensor {name} has {n_dims} dimensions"
+                )));
             }
             let mut dims = Vec::with_capacity(n_dims);
             for _ in 0..n_dims {
@@ -361,15 +414,21 @@ impl Gguf {
         let data_start = r.pos.div_ceil(alignment) * alignment;
         let mut tensors = BTreeMap::new();
         for (name, dims, type_id, offset) in infos {
-            let dtype = TensorType::from_id(type_id).ok_or_else(|| GgufError::UnsupportedTensorType {
-                tensor: name.clone(),
-                type_id,
-                type_name: GGML_TYPE_NAMES.get(type_id as usize).unwrap_or(&"unknown").to_string(),
-            })?;
+            let dtype =
+                TensorType::from_id(type_id).ok_or_else(|| GgufError::UnsupportedTensorType {
+                    tensor: name.clone(),
+                    type_id,
+                    type_name: GGML_TYPE_NAMES
+                        .get(type_id as usize)
+                        .unwrap_or(&"unknown")
+                        .to_string(),
+                })?;
             let elements = dims
                 .iter()
                 .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(|| GgufError::Corrupt(format!("tensor {name} dims {dims:?} overflow")))?;
+                .ok_or_else(|| {
+                    GgufError::Corrupt(format!("tensor {name} dims {dims:?} overflow"))
+                })?;
             let (block_elems, block_bytes) = dtype.block();
             if dims[0] % block_elems != 0 {
                 return Err(GgufError::Corrupt(format!(
@@ -379,9 +438,13 @@ impl Gguf {
                 )));
             }
             let len = elements / block_elems * block_bytes;
-            let start = data_start.checked_add(offset).filter(|s| s % alignment == 0);
+            let start = data_start
+                .checked_add(offset)
+                .filter(|s| s % alignment == 0);
             let Some(start) = start else {
-                return Err(GgufError::Corrupt(format!("tensor {name}: misaligned offset {offset}")));
+                return Err(GgufError::Corrupt(format!(
+                    "tensor {name}: misaligned offset {offset}"
+                )));
             };
             let end = start as u64 + len as u64;
             if end > bytes.len() as u64 {
@@ -395,9 +458,23 @@ impl Gguf {
             if tensors.contains_key(&name) {
                 return Err(GgufError::Corrupt(format!("tensor {name} appears twice")));
             }
-            tensors.insert(name.clone(), TensorInfo { name, dims, dtype, offset: start, len });
+            tensors.insert(
+                name.clone(),
+                TensorInfo {
+                    name,
+                    dims,
+                    dtype,
+                    offset: start,
+                    len,
+                },
+            );
         }
-        Ok(Self { version, metadata, tensors, mmap })
+        Ok(Self {
+            version,
+            metadata,
+            tensors,
+            mmap,
+        })
     }
 
     /// The raw bytes of a tensor.
@@ -469,4 +546,98 @@ fn type_error(key: &str, want: &str, got: &Value) -> GgufError {
         key: key.to_string(),
         problem: format!("expected a {want}, found a {}", got.type_name()),
     }
+}
+
+/// A tensor to write with [`write_gguf`].
+pub struct TensorData {
+    /// Tensor name.
+    pub name: String,
+    /// Dimensions in GGUF order (`dims[0]` is the row length).
+    pub dims: Vec<usize>,
+    /// Element type.
+    pub dtype: TensorType,
+    /// Raw bytes in that type's layout.
+    pub bytes: Vec<u8>,
+}
+
+fn ggml_type_id(t: TensorType) -> u32 {
+    match t {
+        TensorType::F32 => 0,
+        TensorType::F16 => 1,
+        TensorType::Q4_0 => 2,
+        TensorType::Q4_1 => 3,
+        TensorType::Q5_0 => 6,
+        TensorType::Q5_1 => 7,
+        TensorType::Q8_0 => 8,
+        TensorType::Q4K => 12,
+        TensorType::Q5K => 13,
+        TensorType::Q6K => 14,
+        TensorType::Bf16 => 30,
+    }
+}
+
+fn write_string(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn write_value(out: &mut Vec<u8>, v: &Value) {
+    let (type_id, body): (u32, Vec<u8>) = match v {
+        Value::Int(i) => (11, i.to_le_bytes().to_vec()),
+        Value::UInt(u) => (10, u.to_le_bytes().to_vec()),
+        Value::Float(f) => (12, f.to_le_bytes().to_vec()),
+        Value::Bool(b) => (7, vec![u8::from(*b)]),
+        Value::Str(s) => {
+            let mut b = Vec::new();
+            write_string(&mut b, s);
+            (8, b)
+        }
+        Value::Array(items) => {
+            let mut b = Vec::new();
+            let elem = items.first().map_or(Value::Int(0), Clone::clone);
+            let mut first = Vec::new();
+            write_value(&mut first, &elem);
+            b.extend_from_slice(&first[..4]);
+            b.extend_from_slice(&(items.len() as u64).to_le_bytes());
+            for item in items {
+                let mut one = Vec::new();
+                write_value(&mut one, item);
+                b.extend_from_slice(&one[4..]);
+            }
+            (9, b)
+        }
+    };
+    out.extend_from_slice(&type_id.to_le_bytes());
+    out.extend_from_slice(&body);
+}
+
+/// Serializes a GGUF v3 file (alignment 32). Used to build small models for tests and tools;
+/// arrays must hold values of one type.
+pub fn write_gguf(metadata: &BTreeMap<String, Value>, tensors: &[TensorData]) -> Vec<u8> {
+    const ALIGN: usize = 32;
+    let mut out = b"GGUF".to_vec();
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+    for (k, v) in metadata {
+        write_string(&mut out, k);
+        write_value(&mut out, v);
+    }
+    let mut offset = 0usize;
+    for t in tensors {
+        write_string(&mut out, &t.name);
+        out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+        for &d in &t.dims {
+            out.extend_from_slice(&(d as u64).to_le_bytes());
+        }
+        out.extend_from_slice(&ggml_type_id(t.dtype).to_le_bytes());
+        out.extend_from_slice(&(offset as u64).to_le_bytes());
+        offset = (offset + t.bytes.len()).div_ceil(ALIGN) * ALIGN;
+    }
+    out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
+    for t in tensors {
+        out.extend_from_slice(&t.bytes);
+        out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
+    }
+    out
 }

@@ -54,13 +54,15 @@ impl QMatrix {
         if self.uses_integer_kernel() {
             qx.quantize(x);
         }
-        y.par_chunks_mut(MATVEC_ROWS_PER_TASK).enumerate().for_each(|(task, ys)| {
-            let first = task * MATVEC_ROWS_PER_TASK;
-            let mut scratch = Vec::new();
-            for (i, yv) in ys.iter_mut().enumerate() {
-                *yv = self.row_dot(first + i, x, &qx, &mut scratch);
-            }
-        });
+        y.par_chunks_mut(MATVEC_ROWS_PER_TASK)
+            .enumerate()
+            .for_each(|(task, ys)| {
+                let first = task * MATVEC_ROWS_PER_TASK;
+                let mut scratch = Vec::new();
+                for (i, yv) in ys.iter_mut().enumerate() {
+                    *yv = self.row_dot(first + i, x, &qx, &mut scratch);
+                }
+            });
     }
 
     /// `Y = X·Wᵀ` for `tokens` activation rows (`x`: `tokens × cols`, `y`: `tokens × rows`).
@@ -105,7 +107,10 @@ impl QMatrix {
 
     fn uses_integer_kernel(&self) -> bool {
         simd::available()
-            && matches!(self.dtype, TensorType::Q8_0 | TensorType::Q5_0 | TensorType::Q4K | TensorType::Q6K)
+            && matches!(
+                self.dtype,
+                TensorType::Q8_0 | TensorType::Q5_0 | TensorType::Q4K | TensorType::Q6K
+            )
     }
 
     /// Dot product of weight row `r` with the activations.
@@ -195,7 +200,12 @@ mod simd {
     unsafe fn bytes_from_bits(bits: u32) -> __m256i {
         let spread = _mm256_shuffle_epi8(
             _mm256_set1_epi32(bits as i32),
-            _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
+            _mm256_set_epi64x(
+                0x0303030303030303,
+                0x0202020202020202,
+                0x0101010101010101,
+                0,
+            ),
         );
         let all_but_one = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
         _mm256_cmpeq_epi8(_mm256_or_si256(spread, all_but_one), _mm256_set1_epi64x(-1))
@@ -224,7 +234,8 @@ mod simd {
             let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low_mask);
             let nibbles = _mm256_set_m128i(hi, lo);
             // value = (nibble | fifth_bit << 4) - 16: where the fifth bit is clear, OR 0xF0.
-            let missing_bit = _mm256_andnot_si256(bytes_from_bits(qh), _mm256_set1_epi8(0xF0u8 as i8));
+            let missing_bit =
+                _mm256_andnot_si256(bytes_from_bits(qh), _mm256_set1_epi8(0xF0u8 as i8));
             let w = _mm256_or_si256(nibbles, missing_bit);
             let dots = _mm256_cvtepi32_ps(dot_signed(w, load_x(qx, b)));
             let scale = _mm256_set1_ps(f16_at(blk, 0) * qx.scales[b]);
@@ -244,7 +255,10 @@ mod simd {
             let scales = &blk[4..16];
             for chunk in 0..4 {
                 let q = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * chunk) as *const __m256i);
-                let halves = [_mm256_and_si256(q, low_mask), _mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask)];
+                let halves = [
+                    _mm256_and_si256(q, low_mask),
+                    _mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask),
+                ];
                 for (h, w) in halves.into_iter().enumerate() {
                     let j = 2 * chunk + h;
                     let b = 8 * sb + j;
@@ -253,7 +267,8 @@ mod simd {
                     let dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
                     let scale = _mm256_set1_ps(d * f32::from(sc) * qx.scales[b]);
                     acc = _mm256_fmadd_ps(dots, scale, acc);
-                    min_sum += dmin * f32::from(m) * (qx.half_sums[2 * b] + qx.half_sums[2 * b + 1]);
+                    min_sum +=
+                        dmin * f32::from(m) * (qx.half_sums[2 * b] + qx.half_sums[2 * b + 1]);
                 }
             }
         }
@@ -292,12 +307,16 @@ mod simd {
                     let b = 8 * sb + 4 * half + g;
                     let (sc_a, sc_b) = (sc[2 * g] as i8, sc[2 * g + 1] as i8);
                     let pairs = _mm256_maddubs_epi16(w, load_x(qx, b));
-                    let scale16 = _mm256_set_m128i(_mm_set1_epi16(i16::from(sc_b)), _mm_set1_epi16(i16::from(sc_a)));
+                    let scale16 = _mm256_set_m128i(
+                        _mm_set1_epi16(i16::from(sc_b)),
+                        _mm_set1_epi16(i16::from(sc_a)),
+                    );
                     let dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, scale16));
                     acc = _mm256_fmadd_ps(dots, _mm256_set1_ps(d * qx.scales[b]), acc);
                     offset_sum += 32.0
                         * d
-                        * (f32::from(sc_a) * qx.half_sums[2 * b] + f32::from(sc_b) * qx.half_sums[2 * b + 1]);
+                        * (f32::from(sc_a) * qx.half_sums[2 * b]
+                            + f32::from(sc_b) * qx.half_sums[2 * b + 1]);
                 }
             }
         }
@@ -325,7 +344,9 @@ mod tests {
     /// Random bytes make valid blocks of every type once the f16 scales are tamed.
     fn random_matrix(dtype: TensorType, rows: usize, cols: usize, seed: u64) -> QMatrix {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut data: Vec<u8> = (0..rows * dtype.row_bytes(cols)).map(|_| rng.gen()).collect();
+        let mut data: Vec<u8> = (0..rows * dtype.row_bytes(cols))
+            .map(|_| rng.gen())
+            .collect();
         let (_, block_bytes) = dtype.block();
         let scale_offsets: &[usize] = match dtype {
             TensorType::Q8_0 | TensorType::Q5_0 | TensorType::Q4_0 => &[0],
@@ -339,7 +360,12 @@ mod tests {
                 blk[o..o + 2].copy_from_slice(&v.to_le_bytes());
             }
         }
-        QMatrix { dtype, rows, cols, data }
+        QMatrix {
+            dtype,
+            rows,
+            cols,
+            data,
+        }
     }
 
     fn reference_matvec(w: &QMatrix, x: &[f32]) -> Vec<f32> {
@@ -347,14 +373,23 @@ mod tests {
         (0..w.rows)
             .map(|r| {
                 w.dequantize_row(r, &mut row);
-                row.iter().zip(x).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>() as f32
+                row.iter()
+                    .zip(x)
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum::<f64>() as f32
             })
             .collect()
     }
 
     #[test]
     fn integer_kernels_match_dequantized_dot_products() {
-        for dtype in [TensorType::Q8_0, TensorType::Q5_0, TensorType::Q4K, TensorType::Q6K, TensorType::Q4_0] {
+        for dtype in [
+            TensorType::Q8_0,
+            TensorType::Q5_0,
+            TensorType::Q4K,
+            TensorType::Q6K,
+            TensorType::Q4_0,
+        ] {
             let (rows, cols) = (70, 512);
             let w = random_matrix(dtype, rows, cols, 7);
             let mut rng = rand::rngs::StdRng::seed_from_u64(3);
@@ -379,7 +414,9 @@ mod tests {
         let w = random_matrix(TensorType::Q5_0, 300, 256, 11);
         let tokens = 9;
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-        let x: Vec<f32> = (0..tokens * 256).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let x: Vec<f32> = (0..tokens * 256)
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect();
         let mut y = vec![0f32; tokens * 300];
         w.matmul(&x, tokens, &mut y);
         for t in 0..tokens {

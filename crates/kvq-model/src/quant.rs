@@ -96,7 +96,9 @@ fn dequantize_q6_k(block: &[u8], out: &mut [f32]) {
 /// Dequantizes `row` (the bytes of `out.len()` elements of type `dtype`) into `out`.
 pub fn dequantize_row(dtype: TensorType, row: &[u8], out: &mut [f32]) {
     let (block_elems, block_bytes) = dtype.block();
-    let blocks = row.chunks_exact(block_bytes).zip(out.chunks_exact_mut(block_elems));
+    let blocks = row
+        .chunks_exact(block_bytes)
+        .zip(out.chunks_exact_mut(block_elems));
     match dtype {
         TensorType::F32 => {
             for (b, o) in blocks {
@@ -104,7 +106,9 @@ pub fn dequantize_row(dtype: TensorType, row: &[u8], out: &mut [f32]) {
             }
         }
         TensorType::F16 => blocks.for_each(|(b, o)| o[0] = f16_at(b, 0)),
-        TensorType::Bf16 => blocks.for_each(|(b, o)| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        TensorType::Bf16 => {
+            blocks.for_each(|(b, o)| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32())
+        }
         TensorType::Q4_0 => GgmlType::Q4_0.dequantize_row(row, out),
         TensorType::Q4_1 => GgmlType::Q4_1.dequantize_row(row, out),
         TensorType::Q5_0 => GgmlType::Q5_0.dequantize_row(row, out),
@@ -154,7 +158,11 @@ impl QActivations {
 
     /// The dequantized activations (for reference paths and tests).
     pub fn dequantize(&self) -> Vec<f32> {
-        self.quants.iter().enumerate().map(|(i, &q)| f32::from(q) * self.scales[i / 32]).collect()
+        self.quants
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| f32::from(q) * self.scales[i / 32])
+            .collect()
     }
 }
 
@@ -208,7 +216,9 @@ mod tests {
 
     #[test]
     fn activation_quantization_is_within_half_a_step() {
-        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 19) as f32 - 9.0) * 0.31).collect();
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 19) as f32 - 9.0) * 0.31)
+            .collect();
         let mut q = QActivations::default();
         q.quantize(&x);
         for (i, (a, b)) in x.iter().zip(q.dequantize()).enumerate() {
