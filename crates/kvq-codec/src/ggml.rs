@@ -176,23 +176,30 @@ impl GgmlType {
             return Levels { d, m, level };
         }
         let qs_at = self.block_bytes() - QK / 2;
-        let qs = &block[qs_at..qs_at + QK / 2];
-        let qh = match self {
-            Self::Q5_0 | Self::Q5_1 => {
-                u32::from_le_bytes(block[qs_at - 4..qs_at].try_into().unwrap())
+        let mut n = [0u8; QK];
+        for (j, &byte) in block[qs_at..qs_at + QK / 2].iter().enumerate() {
+            n[j] = byte & 0x0F;
+            n[j + QK / 2] = byte >> 4;
+        }
+        if matches!(self, Self::Q5_0 | Self::Q5_1) {
+            let qh = u32::from_le_bytes(block[qs_at - 4..qs_at].try_into().unwrap());
+            for (j, n) in n.iter_mut().enumerate() {
+                *n |= (((qh >> j) & 1) << 4) as u8;
             }
+        }
+        let zero = match self {
+            Self::Q4_0 => 8,
+            Self::Q5_0 => 16,
             _ => 0,
         };
-        for (j, l) in level.iter_mut().enumerate() {
-            let byte = qs[j % (QK / 2)];
-            let nibble = if j < QK / 2 { byte & 0x0F } else { byte >> 4 };
-            let n = nibble | (((qh >> j) & 1) << 4) as u8;
-            *l = match self {
-                Self::Q4_0 => n as i8 - 8,
-                Self::Q5_0 => n as i8 - 16,
-                Self::Iq4Nl => IQ4_NL_VALUES[usize::from(nibble)],
-                _ => n as i8,
-            };
+        if self == Self::Iq4Nl {
+            for (l, &n) in level.iter_mut().zip(&n) {
+                *l = IQ4_NL_VALUES[usize::from(n)];
+            }
+        } else {
+            for (l, &n) in level.iter_mut().zip(&n) {
+                *l = n as i8 - zero;
+            }
         }
         Levels { d, m, level }
     }
