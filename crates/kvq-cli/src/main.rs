@@ -3,6 +3,7 @@
 //! holds the argument definitions shared by several of them.
 
 mod args;
+mod bench;
 mod codecs;
 mod generate;
 mod info;
@@ -31,6 +32,8 @@ enum Command {
     Ppl(ppl::Args),
     /// Exact KV-cache bytes for a model, context, batch and scheme.
     Memory(memory::Args),
+    /// Benchmarks: `attention` (kernel on a synthetic cache) and `decode` (whole model).
+    Bench(bench::Args),
 }
 
 fn main() {
@@ -41,6 +44,7 @@ fn main() {
         Command::Generate(a) => generate::run(a),
         Command::Ppl(a) => ppl::run(a),
         Command::Memory(a) => memory::run(a),
+        Command::Bench(a) => bench::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
