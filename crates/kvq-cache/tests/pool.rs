@@ -1,0 +1,254 @@
+//! The pool against its contract: exact memory accounting, faithful storage with sinks and hot
+//! windows, copy-on-write forks, sliding-window release, and clean refusal when full.
+
+use kvq_cache::{memory, CacheError, CacheOptions, KvCache, LayerShape, LayerView, Policy, SeqId};
+use kvq_codec::{Calibration, KvSpec};
+use rand::{Rng, SeedableRng};
+
+fn shapes() -> Vec<LayerShape> {
+    vec![
+        LayerShape {
+            kv_heads: 2,
+            head_dim: 64,
+            window: Some(24),
+        },
+        LayerShape {
+            kv_heads: 2,
+            head_dim: 64,
+            window: None,
+        },
+    ]
+}
+
+fn cache(spec: &str, options: CacheOptions, ctx: usize, batch: usize) -> KvCache {
+    let policy = Policy::uniform(KvSpec::parse(spec).unwrap(), 2);
+    let cal = vec![(memory::sizing_calibration(), memory::sizing_calibration()); 2];
+    KvCache::new(&shapes(), &policy, &cal, options, ctx, batch).unwrap()
+}
+
+fn rows(tokens: usize, seed: u64) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..tokens * 2 * 64)
+        .map(|_| rng.gen_range(-2.0..2.0))
+        .collect()
+}
+
+fn append(c: &mut KvCache, seq: SeqId, tokens: usize, seed: u64) -> Result<(), CacheError> {
+    for layer in 0..2 {
+        c.append(
+            seq,
+            layer,
+            &rows(tokens, seed),
+            &rows(tokens, seed + 1000),
+            tokens,
+        )?;
+    }
+    Ok(())
+}
+
+/// Every stored (position, head, key row, value row), decoded.
+fn decoded(view: &LayerView) -> Vec<(usize, usize, Vec<f32>, Vec<f32>)> {
+    let d = view.head_dim;
+    let mut out = Vec::new();
+    for span in &view.spans {
+        let (kc, vc) = if span.compressed() {
+            (view.k_codec, view.v_codec)
+        } else {
+            (view.full_codec, view.full_codec)
+        };
+        for h in 0..view.kv_heads {
+            let mut k = vec![0f32; span.tokens * d];
+            let mut v = vec![0f32; span.tokens * d];
+            for (codec, bytes, dst) in [(kc, span.keys(h), &mut k), (vc, span.values(h), &mut v)] {
+                let bt = codec.block_tokens();
+                for (b, block) in bytes.chunks_exact(codec.block_bytes()).enumerate() {
+                    codec.decode(block, &mut dst[b * bt * d..(b + 1) * bt * d]);
+                }
+            }
+            for t in 0..span.tokens {
+                out.push((
+                    span.first_pos + t,
+                    h,
+                    k[t * d..(t + 1) * d].to_vec(),
+                    v[t * d..(t + 1) * d].to_vec(),
+                ));
+            }
+        }
+    }
+    out.sort_by_key(|(p, h, _, _)| (*p, *h));
+    out
+}
+
+#[test]
+fn allocated_bytes_equal_the_memory_plan() {
+    for spec in ["f16", "q4_0", "kivi2", "turbo3", "int8", "k=q8_0,v=int4"] {
+        for (hot, sinks) in [(0, 0), (16, 0), (8, 4)] {
+            let options = CacheOptions {
+                page_tokens: 32,
+                hot_window: hot,
+                sink_tokens: sinks,
+                max_append_tokens: 16,
+                ..Default::default()
+            };
+            let (ctx, batch) = (100, 3);
+            let mut c = cache(spec, options, ctx, batch);
+            let seqs: Vec<SeqId> = (0..batch).map(|_| c.add_sequence()).collect();
+            for (i, &s) in seqs.iter().enumerate() {
+                for chunk in 0..ctx / 10 {
+                    append(&mut c, s, 10, (i * 100 + chunk) as u64).unwrap();
+                }
+            }
+            let policy = Policy::uniform(KvSpec::parse(spec).unwrap(), 2);
+            let plan = memory::plan(&shapes(), &policy, &options, ctx, batch).unwrap();
+            assert_eq!(
+                c.allocated_bytes(),
+                plan.bytes,
+                "{spec} hot {hot} sinks {sinks}"
+            );
+        }
+    }
+}
+
+#[test]
+fn f32_storage_returns_every_row_exactly_with_sinks_and_hot_window() {
+    let options = CacheOptions {
+        page_tokens: 8,
+        hot_window: 5,
+        sink_tokens: 3,
+        max_append_tokens: 16,
+        ..Default::default()
+    };
+    let mut c = cache("f32", options, 64, 1);
+    let s = c.add_sequence();
+    let mut written_k = Vec::new();
+    for (i, n) in [7usize, 1, 16, 2, 9].into_iter().enumerate() {
+        let k = rows(n, i as u64);
+        c.append(s, 1, &k, &rows(n, 50 + i as u64), n).unwrap();
+        written_k.extend(k);
+    }
+    let view = c.view(s, 1).unwrap();
+    assert_eq!(view.len, 35);
+    let got = decoded(&view);
+    assert_eq!(got.len(), 35 * 2);
+    for (pos, h, k, _) in got {
+        assert_eq!(
+            k,
+            written_k[(pos * 2 + h) * 64..][..64],
+            "position {pos} head {h}"
+        );
+    }
+    // The newest 5 tokens and the 3 sinks are not compressed; the rest is in whole pages.
+    let spans: Vec<(usize, usize, bool)> = view
+        .spans
+        .iter()
+        .map(|s| (s.first_pos, s.tokens, s.compressed()))
+        .collect();
+    assert_eq!(spans.first(), Some(&(0, 3, false)));
+    assert!(matches!(spans.last(), Some(&(first, n, false)) if first + n == 35 && n >= 5));
+}
+
+#[test]
+fn quantized_rows_stay_close_and_hot_rows_exact() {
+    let options = CacheOptions {
+        page_tokens: 32,
+        hot_window: 4,
+        ..Default::default()
+    };
+    let mut c = cache("q8_0", options, 64, 1);
+    let s = c.add_sequence();
+    let k = rows(40, 1);
+    c.append(s, 1, &k, &rows(40, 2), 40).unwrap();
+    for (pos, h, kr, _) in decoded(&c.view(s, 1).unwrap()) {
+        let want = &k[(pos * 2 + h) * 64..][..64];
+        let tol = if pos >= 36 {
+            2e-3
+        } else {
+            2.0 / 127.0 * 0.5 + 1e-3
+        };
+        for (a, b) in kr.iter().zip(want) {
+            assert!((a - b).abs() <= tol, "position {pos}: {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn forks_share_pages_and_copy_before_writing() {
+    let options = CacheOptions {
+        page_tokens: 8,
+        max_append_tokens: 16,
+        ..Default::default()
+    };
+    let mut c = cache("f32", options, 40, 2);
+    let a = c.add_sequence();
+    append(&mut c, a, 12, 1).unwrap();
+    let before = decoded(&c.view(a, 1).unwrap());
+    let used_before = c.page_usage().0;
+    let b = c.fork(a).unwrap();
+    assert_eq!(c.page_usage().0, used_before, "a fork shares every page");
+    append(&mut c, b, 5, 2).unwrap(); // writes into the shared, half-filled page: copied first
+    append(&mut c, a, 1, 3).unwrap();
+    let after = decoded(&c.view(a, 1).unwrap());
+    assert_eq!(
+        &after[..before.len()],
+        &before[..],
+        "the parent's rows are untouched by the child's writes"
+    );
+    let child = decoded(&c.view(b, 1).unwrap());
+    assert_eq!(
+        &child[..before.len()],
+        &before[..],
+        "the child sees the shared prefix"
+    );
+    assert_ne!(child[before.len()], after[before.len()]);
+    c.release(a).unwrap();
+    c.release(b).unwrap();
+    assert_eq!(c.page_usage().0, 0, "no page leaks after both are released");
+    assert!(matches!(c.release(a), Err(CacheError::UnknownSequence(_))));
+}
+
+#[test]
+fn a_full_pool_refuses_cleanly_and_keeps_what_it_had() {
+    let options = CacheOptions {
+        page_tokens: 8,
+        max_append_tokens: 16,
+        ..Default::default()
+    };
+    let mut c = cache("q4_0", options, 32, 1);
+    let s = c.add_sequence();
+    append(&mut c, s, 32, 1).unwrap();
+    let before = decoded(&c.view(s, 1).unwrap());
+    let err = c.append(s, 1, &rows(8, 9), &rows(8, 10), 8).unwrap_err();
+    assert!(matches!(err, CacheError::Full { layer: 1, .. }), "{err}");
+    assert!(err.to_string().contains("KV cache full"));
+    assert_eq!(c.len(s, 1).unwrap(), 32);
+    assert_eq!(decoded(&c.view(s, 1).unwrap()), before);
+    // Non-finite rows are refused before anything is written.
+    let mut bad = rows(1, 3);
+    bad[5] = f32::NAN;
+    let t = c.add_sequence();
+    assert!(c.append(t, 1, &bad, &rows(1, 4), 1).is_err());
+    assert_eq!(c.len(t, 1).unwrap(), 0);
+}
+
+#[test]
+fn sliding_window_layers_recycle_their_pages() {
+    let options = CacheOptions {
+        page_tokens: 8,
+        max_append_tokens: 4,
+        ..Default::default()
+    };
+    let mut c = cache("f16", options, 400, 1);
+    let s = c.add_sequence();
+    for i in 0..100 {
+        append(&mut c, s, 4, i).unwrap();
+    }
+    let view = c.view(s, 0).unwrap();
+    let held: usize = view.spans.iter().map(|sp| sp.tokens).sum();
+    assert!(
+        held >= 24 && held <= 24 + 4 + 8,
+        "window layer holds {held} tokens"
+    );
+    assert_eq!(view.spans.first().unwrap().first_pos + held, 400);
+    let global: usize = c.view(s, 1).unwrap().spans.iter().map(|sp| sp.tokens).sum();
+    assert_eq!(global, 400);
+}
