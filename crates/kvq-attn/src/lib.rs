@@ -44,6 +44,17 @@ impl Partial {
         }
     }
 
+    /// Moves the running maximum up to `max`, rescaling what was summed so far.
+    fn rescale(&mut self, max: f32) {
+        let factor = (self.max - max).exp();
+        if factor != 1.0 {
+            self.sum *= factor;
+            self.acc_codec.iter_mut().for_each(|x| *x *= factor);
+            self.acc_full.iter_mut().for_each(|x| *x *= factor);
+        }
+        self.max = max;
+    }
+
     fn merge(&mut self, other: Partial) {
         if other.max == f32::NEG_INFINITY {
             return;
@@ -122,14 +133,9 @@ pub fn attend(
     let partials: Vec<(usize, usize, Vec<Partial>)> = items
         .par_iter()
         .map(|item| {
-            let heads = (0..group).map(|g| {
-                let qh = item.kv_head * group + g;
-                &queries[(item.query * params.q_heads + qh) * d..][..d]
-            });
-            let pos = positions[item.query];
-            let states = heads
-                .map(|q| attend_run(view, q, pos, item, params))
-                .collect();
+            let first_head = item.kv_head * group;
+            let heads = &queries[(item.query * params.q_heads + first_head) * d..][..group * d];
+            let states = attend_run(view, heads, positions[item.query], item, params);
             (item.query, item.kv_head, states)
         })
         .collect();
@@ -158,72 +164,76 @@ pub fn attend(
     }
 }
 
-/// Softmax state of one query head over the spans of `item`.
+/// Softmax states of the query heads in `heads` (one group, `group × head_dim`) over the spans
+/// of `item`. Spans are the outer loop and heads the inner one, so each span's bytes are read
+/// from memory once and reused from cache for every head of the group; each head keeps an
+/// online softmax (running maximum, rescaled sums).
 fn attend_run(
     view: &LayerView,
-    query: &[f32],
+    heads: &[f32],
     pos: usize,
     item: &Item,
     params: &AttnParams,
-) -> Partial {
+) -> Vec<Partial> {
     let d = view.head_dim;
-    let mut state = Partial::new(view.v_codec.accumulator_len(), d);
-    let scaled: Vec<f32> = query.iter().map(|x| x * params.scale).collect();
-    let mut prepared = vec![0f32; view.k_codec.query_len()];
-    view.k_codec.prepare_query(&scaled, &mut prepared);
-
-    // Scores of every visible block-aligned run, then one softmax pass over them.
-    let mut runs = Vec::new();
+    let group = heads.len() / d;
+    let qlen = view.k_codec.query_len();
+    let scaled: Vec<f32> = heads.iter().map(|x| x * params.scale).collect();
+    let mut prepared = vec![0f32; group * qlen];
+    for (q, p) in scaled.chunks_exact(d).zip(prepared.chunks_exact_mut(qlen)) {
+        view.k_codec.prepare_query(q, p);
+    }
+    let mut states: Vec<Partial> = (0..group)
+        .map(|_| Partial::new(view.v_codec.accumulator_len(), d))
+        .collect();
     let mut scores: Vec<f32> = Vec::new();
     for span in &view.spans[item.spans.clone()] {
         let Some((from, to)) = visible(span, pos, params.window) else {
             continue;
         };
-        let (codec, q): (&dyn Codec, &[f32]) = if span.compressed() {
-            (view.k_codec, &prepared)
+        let (k_codec, v_codec, align) = if span.compressed() {
+            (view.k_codec, view.v_codec, view.flush_tokens)
         } else {
-            (view.full_codec, &scaled)
+            (view.full_codec, view.full_codec, 1)
         };
-        // Whole blocks of both the key and the value codec.
-        let align = if span.compressed() {
-            view.flush_tokens
-        } else {
-            1
-        };
+        // Whole blocks of both codecs that cover the visible rows.
         let (first, last) = (from / align * align, to.div_ceil(align) * align);
-        let bt = codec.block_tokens();
-        let keys = &span.keys(item.kv_head)
-            [first / bt * codec.block_bytes()..last / bt * codec.block_bytes()];
-        let at = scores.len();
-        scores.resize(at + (last - first), 0.0);
-        codec.score(q, keys, &mut scores[at..]);
-        for (r, s) in scores[at..].iter_mut().enumerate() {
-            if first + r < from || first + r >= to {
-                *s = f32::NEG_INFINITY;
-            }
-        }
-        runs.push((span, first, last, at));
-    }
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if max == f32::NEG_INFINITY {
-        return state;
-    }
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-    }
-    state.max = max;
-    state.sum = scores.iter().sum();
-    for (span, first, last, at) in runs {
-        let weights = &scores[at..at + (last - first)];
-        let (codec, acc): (&dyn Codec, &mut [f32]) = if span.compressed() {
-            (view.v_codec, &mut state.acc_codec)
-        } else {
-            (view.full_codec, &mut state.acc_full)
+        let bytes = |c: &dyn Codec| {
+            first / c.block_tokens() * c.block_bytes()..last / c.block_tokens() * c.block_bytes()
         };
-        let bt = codec.block_tokens();
-        let values = &span.values(item.kv_head)
-            [first / bt * codec.block_bytes()..last / bt * codec.block_bytes()];
-        codec.accumulate(weights, values, acc);
+        let keys = &span.keys(item.kv_head)[bytes(k_codec)];
+        let values = &span.values(item.kv_head)[bytes(v_codec)];
+        scores.resize(last - first, 0.0);
+        for (g, state) in states.iter_mut().enumerate() {
+            let q = if span.compressed() {
+                &prepared[g * qlen..(g + 1) * qlen]
+            } else {
+                &scaled[g * d..(g + 1) * d]
+            };
+            k_codec.score(q, keys, &mut scores);
+            let mut span_max = f32::NEG_INFINITY;
+            for (r, s) in scores.iter_mut().enumerate() {
+                if first + r < from || first + r >= to {
+                    *s = f32::NEG_INFINITY;
+                }
+                span_max = span_max.max(*s);
+            }
+            if span_max > state.max {
+                state.rescale(span_max);
+            }
+            let mut sum = 0.0;
+            for s in scores.iter_mut() {
+                *s = (*s - state.max).exp();
+                sum += *s;
+            }
+            state.sum += sum;
+            let acc = if span.compressed() {
+                &mut state.acc_codec
+            } else {
+                &mut state.acc_full
+            };
+            v_codec.accumulate(&scores, values, acc);
+        }
     }
-    state
+    states
 }

@@ -1,0 +1,172 @@
+//! Fused attention over the compressed cache equals plain attention over the decoded rows
+//! (softmax written out here), for prefill and decode, grouped-query heads, sliding windows,
+//! hot windows and sinks, and any split of the context over threads.
+
+use kvq_attn::{attend, AttnParams};
+use kvq_cache::{memory, CacheOptions, KvCache, LayerShape, LayerView, Policy};
+use kvq_codec::KvSpec;
+use rand::{Rng, SeedableRng};
+
+const D: usize = 64;
+const KV_HEADS: usize = 2;
+const Q_HEADS: usize = 4;
+
+/// Decoded (position → per-head key and value rows) of a layer view.
+fn decoded(view: &LayerView) -> Vec<(usize, Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+    let mut by_pos: std::collections::BTreeMap<usize, (Vec<Vec<f32>>, Vec<Vec<f32>>)> =
+        Default::default();
+    for span in &view.spans {
+        let (kc, vc) = if span.compressed() {
+            (view.k_codec, view.v_codec)
+        } else {
+            (view.full_codec, view.full_codec)
+        };
+        for h in 0..view.kv_heads {
+            for (codec, bytes, is_key) in [(kc, span.keys(h), true), (vc, span.values(h), false)] {
+                let mut rows = vec![0f32; span.tokens * D];
+                let bt = codec.block_tokens();
+                for (b, block) in bytes.chunks_exact(codec.block_bytes()).enumerate() {
+                    codec.decode(block, &mut rows[b * bt * D..(b + 1) * bt * D]);
+                }
+                for t in 0..span.tokens {
+                    let e = by_pos
+                        .entry(span.first_pos + t)
+                        .or_insert_with(|| (vec![vec![]; KV_HEADS], vec![vec![]; KV_HEADS]));
+                    let dst = if is_key { &mut e.0[h] } else { &mut e.1[h] };
+                    *dst = rows[t * D..(t + 1) * D].to_vec();
+                }
+            }
+        }
+    }
+    by_pos.into_iter().map(|(p, (k, v))| (p, k, v)).collect()
+}
+
+fn reference(view: &LayerView, q: &[f32], positions: &[usize], params: &AttnParams) -> Vec<f32> {
+    let rows = decoded(view);
+    let mut out = Vec::new();
+    for (i, &pos) in positions.iter().enumerate() {
+        for qh in 0..Q_HEADS {
+            let kh = qh / (Q_HEADS / KV_HEADS);
+            let query = &q[(i * Q_HEADS + qh) * D..][..D];
+            let visible: Vec<&(usize, Vec<Vec<f32>>, Vec<Vec<f32>>)> = rows
+                .iter()
+                .filter(|(p, _, _)| *p <= pos && params.window.is_none_or(|w| pos - p < w))
+                .collect();
+            let scores: Vec<f64> = visible
+                .iter()
+                .map(|(_, k, _)| {
+                    k[kh]
+                        .iter()
+                        .zip(query)
+                        .map(|(a, b)| f64::from(a * b))
+                        .sum::<f64>()
+                        * f64::from(params.scale)
+                })
+                .collect();
+            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
+            let mut o = vec![0f64; D];
+            for (s, (_, _, v)) in scores.iter().zip(&visible) {
+                for (oi, vi) in o.iter_mut().zip(&v[kh]) {
+                    *oi += (s - m).exp() / z * f64::from(*vi);
+                }
+            }
+            out.extend(o.iter().map(|&x| x as f32));
+        }
+    }
+    out
+}
+
+fn check(spec: &str, options: CacheOptions, window: Option<usize>, ctx: usize, queries: usize) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(ctx as u64 + queries as u64);
+    let shape = LayerShape {
+        kv_heads: KV_HEADS,
+        head_dim: D,
+        window,
+    };
+    let cal = memory::sizing_calibration();
+    let policy = Policy::uniform(KvSpec::parse(spec).unwrap(), 1);
+    let mut cache =
+        KvCache::new(&[shape], &policy, &[(cal.clone(), cal)], options, ctx, 1).unwrap();
+    let seq = cache.add_sequence();
+    let n = ctx * KV_HEADS * D;
+    let k: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let before = ctx - queries;
+    let row = KV_HEADS * D;
+    // Appends stay within the cache's `max_append_tokens`, as a model's prefill chunks do.
+    for start in (0..before).step_by(64) {
+        let end = (start + 64).min(before);
+        cache
+            .append(
+                seq,
+                0,
+                &k[start * row..end * row],
+                &v[start * row..end * row],
+                end - start,
+            )
+            .unwrap();
+    }
+    cache
+        .append(seq, 0, &k[before * row..], &v[before * row..], queries)
+        .unwrap();
+    let q: Vec<f32> = (0..queries * Q_HEADS * D)
+        .map(|_| rng.gen_range(-3.0..3.0))
+        .collect();
+    let positions: Vec<usize> = (before..ctx).collect();
+    let params = AttnParams {
+        q_heads: Q_HEADS,
+        scale: 0.125,
+        window,
+    };
+    let view = cache.view(seq, 0).unwrap();
+    let mut out = vec![0f32; q.len()];
+    attend(&view, &q, &positions, &params, &mut out);
+    let want = reference(&view, &q, &positions, &params);
+    for (i, (a, b)) in out.iter().zip(&want).enumerate() {
+        assert!(
+            (a - b).abs() < 2e-4,
+            "{spec} window {window:?} ctx {ctx} queries {queries}: element {i}: {a} vs {b}"
+        );
+    }
+}
+
+#[test]
+fn decode_and_prefill_match_plain_attention_for_every_kind_of_codec() {
+    let opts = CacheOptions {
+        page_tokens: 32,
+        max_append_tokens: 64,
+        ..Default::default()
+    };
+    for spec in [
+        "f16",
+        "q4_0",
+        "int4",
+        "kivi4",
+        "turbo3",
+        "turbo3-prod",
+        "k=q8_0,v=int2",
+        "oaken",
+        "fp8",
+    ] {
+        check(spec, opts, None, 300, 1);
+        check(spec, opts, None, 200, 40);
+        check(spec, opts, Some(50), 300, 1);
+        check(spec, opts, Some(50), 150, 33);
+    }
+}
+
+#[test]
+fn hot_windows_and_sinks_are_attended_in_full_precision() {
+    for (hot, sinks) in [(16, 0), (0, 4), (40, 3)] {
+        let opts = CacheOptions {
+            page_tokens: 32,
+            hot_window: hot,
+            sink_tokens: sinks,
+            max_append_tokens: 64,
+            ..Default::default()
+        };
+        check("kivi2", opts, None, 257, 1);
+        check("q4_0", opts, Some(70), 190, 20);
+    }
+}
