@@ -1,0 +1,102 @@
+//! Integration tests on the reference model (Gemma 3 270M Q4_K_M), which `scripts/setup-model.sh`
+//! fetches (CI runs it first). They fail, naming the fix, when the model is missing.
+
+use kvq_cache::{CacheOptions, KvCache, Policy};
+use kvq_codec::{Calibration, KvSpec};
+use kvq_model::gemma3::Gemma3;
+use kvq_model::gguf::Gguf;
+use kvq_model::tokenizer::Tokenizer;
+use std::path::PathBuf;
+
+fn model_path() -> PathBuf {
+    let path = std::env::var("KVQ_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/gemma-3-270m-q4_k_m.gguf")
+        });
+    assert!(
+        path.exists(),
+        "reference model missing at {}: run scripts/setup-model.sh",
+        path.display()
+    );
+    path
+}
+
+fn load() -> (Gemma3, Tokenizer) {
+    let g = Gguf::open(&model_path()).unwrap();
+    (Gemma3::load(&g).unwrap(), Tokenizer::from_gguf(&g).unwrap())
+}
+
+fn cache(model: &Gemma3, kv: &str, ctx: usize) -> KvCache {
+    let c = &model.config;
+    let policy = Policy::uniform(KvSpec::parse(kv).unwrap(), c.layers);
+    let cal = vec![(Calibration::default(), Calibration::default()); c.layers];
+    let options = CacheOptions {
+        max_append_tokens: ctx,
+        ..CacheOptions::default()
+    };
+    KvCache::new(&c.layer_shapes(), &policy, &cal, options, ctx, 1).unwrap()
+}
+
+fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().map(|v| v.abs()).fold(0f32, f32::max);
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+        / scale
+}
+
+#[test]
+fn one_prefill_chunked_prefill_and_decode_agree() {
+    let (model, tok) = load();
+    let text = "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named after the engineer Gustave Eiffel, whose company designed and built the tower.";
+    let ids = tok.encode(text, true);
+    let n = ids.len();
+    assert!(n > 30, "{n} tokens");
+
+    let mut a = cache(&model, "f32", n);
+    let seq = a.add_sequence();
+    let whole = model.logits(&model.forward(&mut a, seq, &ids, n - 1).unwrap());
+
+    // Chunks of 8 then single tokens: the multi-token (f32 GEMM) and one-token (8-bit integer
+    // dot) paths must give the same distribution.
+    let mut b = cache(&model, "f32", n);
+    let seq = b.add_sequence();
+    let split = n - 5;
+    for chunk in ids[..split].chunks(8) {
+        model.forward(&mut b, seq, chunk, chunk.len()).unwrap();
+    }
+    let mut last = Vec::new();
+    for &t in &ids[split..] {
+        last = model.logits(&model.forward(&mut b, seq, &[t], 0).unwrap());
+    }
+    let diff = max_rel_diff(&last, &whole);
+    assert!(
+        diff < 0.02,
+        "prefill vs decode logits differ by {diff} of their range"
+    );
+    assert_eq!(
+        kvq_model::sampler::argmax(&last),
+        kvq_model::sampler::argmax(&whole)
+    );
+}
+
+#[test]
+fn greedy_continuation_is_fluent_and_on_topic() {
+    let (model, tok) = load();
+    let prompt = tok.encode("The Eiffel Tower is located in the city of", true);
+    let mut c = cache(&model, "q8_0", prompt.len() + 8);
+    let seq = c.add_sequence();
+    let mut hidden = model
+        .forward(&mut c, seq, &prompt, prompt.len() - 1)
+        .unwrap();
+    let mut out = Vec::new();
+    for _ in 0..4 {
+        let next = kvq_model::sampler::argmax(&model.logits(&hidden));
+        out.push(next);
+        hidden = model.forward(&mut c, seq, &[next], 0).unwrap();
+    }
+    let text = tok.decode(&out);
+    assert!(text.contains("Paris"), "continuation: {text:?}");
+}
