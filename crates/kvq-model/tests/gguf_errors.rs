@@ -27,12 +27,28 @@ fn open(name: &str, bytes: &[u8]) -> Result<Gguf, GgufError> {
 
 fn small_file() -> Vec<u8> {
     let mut meta = BTreeMap::new();
-    meta.insert("general.architecture".to_string(), Value::Str("gemma3".into()));
+    meta.insert(
+        "general.architecture".to_string(),
+        Value::Str("gemma3".into()),
+    );
     meta.insert("general.name".to_string(), Value::Str("tiny".into()));
-    meta.insert("tokenizer.ggml.scores".to_string(), Value::Array(vec![Value::Float(0.5); 3]));
+    meta.insert(
+        "tokenizer.ggml.scores".to_string(),
+        Value::Array(vec![Value::Float(0.5); 3]),
+    );
     let tensors = vec![
-        TensorData { name: "a".into(), dims: vec![4], dtype: TensorType::F32, bytes: vec![0; 16] },
-        TensorData { name: "b".into(), dims: vec![32, 2], dtype: TensorType::Q8_0, bytes: vec![0; 68] },
+        TensorData {
+            name: "a".into(),
+            dims: vec![4],
+            dtype: TensorType::F32,
+            bytes: vec![0; 16],
+        },
+        TensorData {
+            name: "b".into(),
+            dims: vec![32, 2],
+            dtype: TensorType::Q8_0,
+            bytes: vec![0; 68],
+        },
     ];
     write_gguf(&meta, &tensors)
 }
@@ -55,9 +71,13 @@ fn every_truncation_is_an_error_not_a_panic() {
     let data_end = g.tensors.values().map(|t| t.offset + t.len).max().unwrap();
     assert!(data_end < bytes.len());
     for cut in 0..data_end {
-        let result = std::panic::catch_unwind(|| open(&format!("cut{cut}"), &bytes[..cut]).map(|_| ()));
+        let result =
+            std::panic::catch_unwind(|| open(&format!("cut{cut}"), &bytes[..cut]).map(|_| ()));
         let result = result.unwrap_or_else(|_| panic!("panic when truncated at {cut}"));
-        assert!(result.is_err(), "a file truncated at byte {cut} of {data_end} was accepted");
+        assert!(
+            result.is_err(),
+            "a file truncated at byte {cut} of {data_end} was accepted"
+        );
     }
 }
 
@@ -81,7 +101,10 @@ fn foreign_files_and_versions_are_named() {
     let mut v1 = small_file();
     v1[4..8].copy_from_slice(&1u32.to_le_bytes());
     let err = open("v1", &v1).err().unwrap();
-    assert!(err.to_string().contains("unsupported GGUF version 1"), "{err}");
+    assert!(
+        err.to_string().contains("unsupported GGUF version 1"),
+        "{err}"
+    );
     let err = open("empty", b"").err().unwrap();
     assert!(err.to_string().contains("not a GGUF file"), "{err}");
 }
@@ -90,15 +113,25 @@ fn foreign_files_and_versions_are_named() {
 fn unsupported_tensor_type_and_architecture_are_named() {
     let mut bytes = small_file();
     // Tensor "b"'s type id (Q8_0 = 8) follows its name and dims; make it IQ2_XXS (16).
-    let name_at = bytes.windows(9).position(|w| w == b"\x01\0\0\0\0\0\0\0b").unwrap() + 9;
+    let name_at = bytes
+        .windows(9)
+        .position(|w| w == b"\x01\0\0\0\0\0\0\0b")
+        .unwrap()
+        + 9;
     let type_at = name_at + 4 + 2 * 8;
-    assert_eq!(u32::from_le_bytes(bytes[type_at..type_at + 4].try_into().unwrap()), 8);
+    assert_eq!(
+        u32::from_le_bytes(bytes[type_at..type_at + 4].try_into().unwrap()),
+        8
+    );
     bytes[type_at..type_at + 4].copy_from_slice(&16u32.to_le_bytes());
     let err = open("iq2", &bytes).err().unwrap().to_string();
     assert!(err.contains("IQ2_XXS") && err.contains("tensor b"), "{err}");
 
     let mut meta = BTreeMap::new();
-    meta.insert("general.architecture".to_string(), Value::Str("mamba".into()));
+    meta.insert(
+        "general.architecture".to_string(),
+        Value::Str("mamba".into()),
+    );
     let g = open("mamba", &write_gguf(&meta, &[])).unwrap();
     let err = Gemma3Config::from_gguf(&g).unwrap_err().to_string();
     assert!(err.contains("'mamba' is not supported"), "{err}");
