@@ -178,3 +178,93 @@ pub fn check_finite(rows: &[f32], head_dim: usize) -> Result<(), CodecError> {
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use rand_distr::StandardNormal;
+
+    fn norm(v: &[f32]) -> f32 {
+        v.iter().map(|x| x * x).sum::<f32>().sqrt()
+    }
+
+    /// Every scheme's fused `score` and `accumulate` give the same results on the vector paths
+    /// as on the scalar ones ([`simd::force_scalar`]), within float rounding.
+    #[test]
+    fn vector_and_scalar_kernels_agree() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let calibration = Calibration {
+            oaken_thresholds: Some(OakenThresholds {
+                lo_outer: -2.0,
+                lo_inner: -0.08,
+                hi_inner: 0.08,
+                hi_outer: 2.0,
+            }),
+            ..Default::default()
+        };
+        for name in scheme_names() {
+            for head_dim in [64, 128, 256] {
+                for role in [Role::Key, Role::Value] {
+                    let kind = SchemeKind::parse(&name).unwrap();
+                    let Ok(codec) = build_codec(kind, role, head_dim, &calibration, 5) else {
+                        continue;
+                    };
+                    let tokens = 3 * codec.block_tokens();
+                    let rows: Vec<f32> = (0..tokens * head_dim)
+                        .map(|i| {
+                            let g: f32 = rng.sample(StandardNormal);
+                            g * if i % 7 == 3 { 6.0 } else { 1.0 }
+                        })
+                        .collect();
+                    let per_block = codec.block_tokens() * head_dim;
+                    let mut bytes = vec![0u8; 3 * codec.block_bytes()];
+                    for (r, b) in rows
+                        .chunks_exact(per_block)
+                        .zip(bytes.chunks_exact_mut(codec.block_bytes()))
+                    {
+                        codec.encode(r, b).unwrap();
+                    }
+                    let mut decoded = vec![0.0f32; rows.len()];
+                    for (b, r) in bytes
+                        .chunks_exact(codec.block_bytes())
+                        .zip(decoded.chunks_exact_mut(per_block))
+                    {
+                        simd::force_scalar(|| codec.decode(b, r));
+                    }
+
+                    let query: Vec<f32> =
+                        (0..head_dim).map(|_| rng.sample(StandardNormal)).collect();
+                    let mut prepared = vec![0.0f32; codec.query_len()];
+                    codec.prepare_query(&query, &mut prepared);
+                    let mut vector = vec![0.0f32; tokens];
+                    let mut scalar = vec![0.0f32; tokens];
+                    codec.score(&prepared, &bytes, &mut vector);
+                    simd::force_scalar(|| codec.score(&prepared, &bytes, &mut scalar));
+                    for (t, (v, s)) in vector.iter().zip(&scalar).enumerate() {
+                        let k = &decoded[t * head_dim..(t + 1) * head_dim];
+                        let tolerance = 1e-5 * (1.0 + norm(&prepared) * norm(k));
+                        assert!(
+                            (v - s).abs() <= tolerance,
+                            "{name} {role:?} {head_dim} score {t}: {v} {s}"
+                        );
+                    }
+
+                    let weights: Vec<f32> = (0..tokens).map(|_| rng.gen_range(0.0..1.0)).collect();
+                    let mut vector = vec![0.5f32; codec.accumulator_len()];
+                    let mut scalar = vector.clone();
+                    codec.accumulate(&weights, &bytes, &mut vector);
+                    simd::force_scalar(|| codec.accumulate(&weights, &bytes, &mut scalar));
+                    let largest = scalar.iter().fold(0.0f32, |m, a| m.max(a.abs()));
+                    for (i, (v, s)) in vector.iter().zip(&scalar).enumerate() {
+                        assert!(
+                            (v - s).abs() <= 1e-5 * (1.0 + largest),
+                            "{name} {role:?} {head_dim} accumulate {i}: {v} {s}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

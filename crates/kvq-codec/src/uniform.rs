@@ -31,6 +31,7 @@
 //! Values must fit in f16 (`|x| ≤ 65504`); larger ones cannot be given a finite f16 scale and
 //! are rejected with [`CodecError::NonFinite`], as the `f16` scheme rejects them.
 
+use crate::simd::{axpy_codes, dot_codes};
 use crate::{bits, check_finite, Codec, CodecError, Role};
 use half::f16;
 
@@ -189,58 +190,6 @@ pub enum Grouping {
         /// Rows per block.
         tokens: usize,
     },
-}
-
-/// The 8 codes of `B`-bit width packed in `bytes[..B]` (least significant bit first).
-#[inline(always)]
-fn eight_codes<const B: usize>(bytes: &[u8]) -> [u8; 8] {
-    let mut word = [0u8; 8];
-    word[..B].copy_from_slice(&bytes[..B]);
-    let packed = u64::from_le_bytes(word);
-    let mask = (1u64 << B) - 1;
-    std::array::from_fn(|k| ((packed >> (B * k)) & mask) as u8)
-}
-
-fn dot_codes_of<const B: usize>(packed: &[u8], q: &[f32]) -> f32 {
-    let mut sums = [0.0f32; 8];
-    for (bytes, q8) in packed.chunks_exact(B).zip(q.chunks_exact(8)) {
-        let codes = eight_codes::<B>(bytes);
-        for k in 0..8 {
-            sums[k] += q8[k] * f32::from(codes[k]);
-        }
-    }
-    sums.iter().sum()
-}
-
-fn axpy_codes_of<const B: usize>(packed: &[u8], a: f32, b: f32, acc: &mut [f32]) {
-    for (bytes, acc8) in packed.chunks_exact(B).zip(acc.chunks_exact_mut(8)) {
-        let codes = eight_codes::<B>(bytes);
-        for k in 0..8 {
-            acc8[k] += a * f32::from(codes[k]) + b;
-        }
-    }
-}
-
-/// `Σ_i q[i]·code_i` over the `q.len()` (a multiple of 8) `bits`-bit codes packed in `packed`.
-pub fn dot_codes(packed: &[u8], bits: u32, q: &[f32]) -> f32 {
-    match bits {
-        2 => dot_codes_of::<2>(packed, q),
-        3 => dot_codes_of::<3>(packed, q),
-        4 => dot_codes_of::<4>(packed, q),
-        8 => dot_codes_of::<8>(packed, q),
-        _ => unreachable!("unsupported code width {bits}"),
-    }
-}
-
-/// `acc[i] += a·code_i + b` over the `acc.len()` (a multiple of 8) `bits`-bit codes in `packed`.
-pub fn axpy_codes(packed: &[u8], bits: u32, a: f32, b: f32, acc: &mut [f32]) {
-    match bits {
-        2 => axpy_codes_of::<2>(packed, a, b, acc),
-        3 => axpy_codes_of::<3>(packed, a, b, acc),
-        4 => axpy_codes_of::<4>(packed, a, b, acc),
-        8 => axpy_codes_of::<8>(packed, a, b, acc),
-        _ => unreachable!("unsupported code width {bits}"),
-    }
 }
 
 /// A uniform integer codec: `bits`-bit codes with one affine map per group (see the module
@@ -462,18 +411,17 @@ impl Codec for IntCodec {
         let (q, group_sums) = prepared_query.split_at(d);
         let bb = self.block_bytes();
         match self.grouping {
-            Grouping::PerToken { group } => {
-                let group_bytes = bits::packed_len(group, self.bits);
+            Grouping::PerToken { .. } => {
+                // q·k = Σ_g scale_g·(q_g·code_g) + offset_g·Σq_g.
+                let mut scales = vec![0.0f32; self.groups()];
                 for (block, score) in blocks.chunks_exact(bb).zip(scores.iter_mut()) {
-                    let codes = self.row_codes(block, 0);
-                    *score = (0..self.groups())
-                        .map(|g| {
-                            let affine = self.affine(block, g);
-                            let packed = &codes[g * group_bytes..][..group_bytes];
-                            let dot = dot_codes(packed, self.bits, &q[g * group..][..group]);
-                            affine.scale * dot + affine.offset() * group_sums[g]
-                        })
-                        .sum();
+                    let mut bias = 0.0f32;
+                    for (g, (scale, &sum)) in scales.iter_mut().zip(group_sums).enumerate() {
+                        let affine = self.affine(block, g);
+                        *scale = affine.scale;
+                        bias += affine.offset() * sum;
+                    }
+                    *score = dot_codes(self.row_codes(block, 0), self.bits, q, &scales) + bias;
                 }
             }
             Grouping::PerChannel { tokens } => {
@@ -488,7 +436,8 @@ impl Codec for IntCodec {
                         bias += q[c] * affine.offset();
                     }
                     for (t, score) in block_scores.iter_mut().enumerate() {
-                        *score = dot_codes(self.row_codes(block, t), self.bits, &scaled_q) + bias;
+                        *score = dot_codes(self.row_codes(block, t), self.bits, &scaled_q, &[1.0])
+                            + bias;
                     }
                 }
             }
