@@ -380,6 +380,14 @@ impl Codec for GgmlCodec {
     fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]) {
         let (q, block_sums) = prepared_query.split_at(self.head_dim);
         let bb = self.ty.block_bytes();
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::use_avx2() {
+            for (row, score) in blocks.chunks_exact(self.block_bytes()).zip(scores) {
+                // SAFETY: the CPU supports AVX2/FMA/F16C; `row` holds `q.len()/32` blocks.
+                *score = unsafe { avx2::score_row(self.ty, q, block_sums, row) };
+            }
+            return;
+        }
         for (row, score) in blocks.chunks_exact(self.block_bytes()).zip(scores) {
             let mut total = 0.0f32;
             for (b, (block, qb)) in row.chunks_exact(bb).zip(q.chunks_exact(QK)).enumerate() {
@@ -396,6 +404,14 @@ impl Codec for GgmlCodec {
 
     fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]) {
         let bb = self.ty.block_bytes();
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::use_avx2() {
+            for (row, &w) in blocks.chunks_exact(self.block_bytes()).zip(weights) {
+                // SAFETY: as in `score`; `acc` holds `head_dim` values.
+                unsafe { avx2::accumulate_row(self.ty, w, row, &mut acc[..self.head_dim]) };
+            }
+            return;
+        }
         for (row, &w) in blocks.chunks_exact(self.block_bytes()).zip(weights) {
             for (block, acc_b) in row.chunks_exact(bb).zip(acc.chunks_exact_mut(QK)) {
                 let Levels { d, m, level } = self.ty.levels(block);
@@ -403,6 +419,127 @@ impl Codec for GgmlCodec {
                 for (a, &l) in acc_b.iter_mut().zip(&level) {
                     *a += wd * f32::from(l) + wm;
                 }
+            }
+        }
+    }
+}
+
+/// AVX2 block kernels: a block's 32 levels are unpacked to four vectors of 8 f32.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{GgmlType, IQ4_NL_VALUES, QK};
+    use crate::simd::avx2::{f16_at, hsum, Lut};
+    use std::arch::x86_64::*;
+
+    /// The levels of elements `8k..8k+8` of `block`, for `k` = 0..4 (`d·level + m` is the value).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn levels(ty: GgmlType, block: *const u8, lut: Lut) -> [__m256; 4] {
+        let mut x = [_mm256_setzero_ps(); 4];
+        if ty == GgmlType::Q8_0 {
+            for (k, x) in x.iter_mut().enumerate() {
+                let bytes = _mm_loadl_epi64(block.add(2 + 8 * k) as *const __m128i);
+                *x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+            }
+            return x;
+        }
+        let qs = block.add(ty.block_bytes() - QK / 2);
+        let low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(qs as *const __m128i));
+        let high = _mm256_cvtepu8_epi32(_mm_loadl_epi64(qs.add(8) as *const __m128i));
+        let nibble = _mm256_set1_epi32(0x0F);
+        // Element j < 16 is the low nibble of qs[j], element j ≥ 16 the high nibble of qs[j−16].
+        let mut n = [
+            _mm256_and_si256(low, nibble),
+            _mm256_and_si256(high, nibble),
+            _mm256_srli_epi32(low, 4),
+            _mm256_srli_epi32(high, 4),
+        ];
+        if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) {
+            let qh = std::ptr::read_unaligned(qs.sub(4) as *const u32);
+            let shifts = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            for (k, n) in n.iter_mut().enumerate() {
+                let bits = _mm256_set1_epi32((qh >> (8 * k)) as i32);
+                let bit = _mm256_and_si256(_mm256_srlv_epi32(bits, shifts), _mm256_set1_epi32(1));
+                *n = _mm256_or_si256(*n, _mm256_slli_epi32(bit, 4));
+            }
+        }
+        let zero = _mm256_set1_epi32(match ty {
+            GgmlType::Q4_0 => 8,
+            GgmlType::Q5_0 => 16,
+            _ => 0,
+        });
+        for (x, n) in x.iter_mut().zip(n) {
+            *x = if ty == GgmlType::Iq4Nl {
+                lut.get(n)
+            } else {
+                _mm256_cvtepi32_ps(_mm256_sub_epi32(n, zero))
+            };
+        }
+        x
+    }
+
+    /// [`IQ4_NL_VALUES`] as f32.
+    const IQ4_NL_LEVELS: [f32; 16] = {
+        let mut levels = [0.0f32; 16];
+        let mut i = 0;
+        while i < 16 {
+            levels[i] = IQ4_NL_VALUES[i] as f32;
+            i += 1;
+        }
+        levels
+    };
+
+    /// `q·k` of one row (`q.len()/32` blocks); `block_sums` holds each 32-block's `Σq` for
+    /// types with a minimum.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn score_row(ty: GgmlType, q: &[f32], block_sums: &[f32], row: &[u8]) -> f32 {
+        let lut = Lut::new(&IQ4_NL_LEVELS);
+        let bb = ty.block_bytes();
+        assert!(row.len() >= q.len() / QK * bb);
+        let mut total = _mm256_setzero_ps();
+        let mut bias = 0.0f32;
+        for (b, qb) in q.chunks_exact(QK).enumerate() {
+            let block = row.as_ptr().add(b * bb);
+            let x = levels(ty, block, lut);
+            let qb = qb.as_ptr();
+            let mut dot = _mm256_mul_ps(_mm256_loadu_ps(qb), x[0]);
+            let mut dot2 = _mm256_mul_ps(_mm256_loadu_ps(qb.add(8)), x[1]);
+            dot = _mm256_fmadd_ps(_mm256_loadu_ps(qb.add(16)), x[2], dot);
+            dot2 = _mm256_fmadd_ps(_mm256_loadu_ps(qb.add(24)), x[3], dot2);
+            total = _mm256_fmadd_ps(
+                _mm256_set1_ps(f16_at(block)),
+                _mm256_add_ps(dot, dot2),
+                total,
+            );
+            if ty.has_min() {
+                bias += f16_at(block.add(2)) * block_sums[b];
+            }
+        }
+        hsum(total) + bias
+    }
+
+    /// `acc += w·x̂` for one row of `acc.len()/32` blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn accumulate_row(ty: GgmlType, w: f32, row: &[u8], acc: &mut [f32]) {
+        let lut = Lut::new(&IQ4_NL_LEVELS);
+        let bb = ty.block_bytes();
+        assert!(row.len() >= acc.len() / QK * bb);
+        for b in 0..acc.len() / QK {
+            let block = row.as_ptr().add(b * bb);
+            let x = levels(ty, block, lut);
+            let wd = _mm256_set1_ps(w * f16_at(block));
+            let wm = _mm256_set1_ps(if ty.has_min() {
+                w * f16_at(block.add(2))
+            } else {
+                0.0
+            });
+            let out = acc.as_mut_ptr().add(b * QK);
+            for (k, x) in x.into_iter().enumerate() {
+                let a = out.add(8 * k);
+                _mm256_storeu_ps(
+                    a,
+                    _mm256_fmadd_ps(wd, x, _mm256_add_ps(_mm256_loadu_ps(a), wm)),
+                );
             }
         }
     }
