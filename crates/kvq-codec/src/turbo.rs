@@ -61,6 +61,7 @@
 use crate::bits;
 use crate::lloyd_max::{sphere_codebook, Codebook};
 use crate::rotation::{gaussian_matrix, seeded_rng, Rotation, RotationKind};
+use crate::simd;
 use crate::{check_finite, Calibration, Codec, CodecError};
 use half::f16;
 use std::sync::Arc;
@@ -113,6 +114,8 @@ struct Segment {
     /// Number of coordinates (a multiple of 8).
     len: usize,
     codebook: Arc<Codebook>,
+    /// The codebook's centroids, padded with zeros to 16 entries (the vector kernels' table).
+    lut: [f32; 16],
     /// Byte offset of the packed indices within a row.
     byte_offset: usize,
 }
@@ -137,22 +140,13 @@ impl Segment {
     }
 }
 
-/// Calls `f(i, code)` for codes `0..count` of width `bits`, LSB-first as [`bits::pack`] writes
-/// them; `count` must be a multiple of 8 (eight codes fill exactly `bits` bytes).
-#[inline]
-fn for_each_code(packed: &[u8], bits: u32, count: usize, mut f: impl FnMut(usize, usize)) {
-    let width = bits as usize;
-    let mask = (1u64 << width) - 1;
-    for (group, chunk) in packed.chunks_exact(width).take(count / 8).enumerate() {
-        let word = chunk
-            .iter()
-            .rev()
-            .fold(0u64, |w, &byte| (w << 8) | u64::from(byte));
-        for k in 0..8 {
-            f(group * 8 + k, ((word >> (k * width)) & mask) as usize);
-        }
-    }
-}
+/// The levels of a QJL sign bit (0 → −1, 1 → +1) as a lookup table.
+const SIGN_LEVELS: [f32; 16] = {
+    let mut levels = [0.0f32; 16];
+    levels[0] = -1.0;
+    levels[1] = 1.0;
+    levels
+};
 
 fn read_f16(row: &[u8], offset: usize) -> f32 {
     f16::from_le_bytes([row[offset], row[offset + 1]]).to_f32()
@@ -310,10 +304,14 @@ impl TurboCodec {
             let segments = halves
                 .into_iter()
                 .map(|(first, len, bits)| {
+                    let codebook = sphere_codebook(dim, bits);
+                    let mut lut = [0.0f32; 16];
+                    lut[..codebook.centroids().len()].copy_from_slice(codebook.centroids());
                     let segment = Segment {
                         first,
                         len,
-                        codebook: sphere_codebook(dim, bits),
+                        codebook,
+                        lut,
                         byte_offset: offset,
                     };
                     offset += bits::packed_len(len, bits);
@@ -499,21 +497,15 @@ impl Codec for TurboCodec {
             for part in &self.parts {
                 let mut dot = 0.0f32;
                 for seg in &part.segments {
-                    let q = &prepared_query[part.coord_offset + seg.first..];
-                    let centroids = seg.codebook.centroids();
-                    for_each_code(seg.packed(row), seg.bits(), seg.len, |j, code| {
-                        dot += q[j] * centroids[code];
-                    });
+                    let q = &prepared_query[part.coord_offset + seg.first..][..seg.len];
+                    dot += simd::dot_lut(seg.packed(row), seg.bits(), &seg.lut, q);
                 }
                 total += read_f16(row, part.norm_offset) * dot;
             }
             if let Some(qjl) = &self.qjl {
                 let sketched = &prepared_query[d..2 * d];
-                let mut dot = 0.0f32;
                 let signs = &row[qjl.signs_offset..qjl.signs_offset + bits::packed_len(d, 1)];
-                for_each_code(signs, 1, d, |j, bit| {
-                    dot += if bit == 1 { sketched[j] } else { -sketched[j] };
-                });
+                let dot = simd::dot_lut(signs, 1, &SIGN_LEVELS, sketched);
                 total += read_f16(row, self.parts[0].norm_offset)
                     * self.qjl_scale()
                     * read_f16(row, qjl.gamma_offset)
@@ -537,21 +529,15 @@ impl Codec for TurboCodec {
             for part in &self.parts {
                 let scaled_weight = w * read_f16(row, part.norm_offset);
                 for seg in &part.segments {
-                    let a = &mut acc[part.coord_offset + seg.first..];
-                    let centroids = seg.codebook.centroids();
-                    for_each_code(seg.packed(row), seg.bits(), seg.len, |j, code| {
-                        a[j] += scaled_weight * centroids[code];
-                    });
+                    let a = &mut acc[part.coord_offset + seg.first..][..seg.len];
+                    simd::axpy_lut(seg.packed(row), seg.bits(), &seg.lut, scaled_weight, a);
                 }
             }
             if let Some(qjl) = &self.qjl {
                 let g =
                     w * read_f16(row, self.parts[0].norm_offset) * read_f16(row, qjl.gamma_offset);
                 let signs = &row[qjl.signs_offset..qjl.signs_offset + bits::packed_len(d, 1)];
-                let a = &mut acc[d..2 * d];
-                for_each_code(signs, 1, d, |j, bit| {
-                    a[j] += if bit == 1 { g } else { -g };
-                });
+                simd::axpy_lut(signs, 1, &SIGN_LEVELS, g, &mut acc[d..2 * d]);
             }
         }
     }
