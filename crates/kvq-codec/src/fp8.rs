@@ -202,8 +202,15 @@ impl Codec for Fp8Codec {
     }
 
     fn score(&self, query: &[f32], blocks: &[u8], scores: &mut [f32]) {
+        let vector = crate::simd::use_avx2() && query.len().is_multiple_of(8);
         for (row, score) in blocks.chunks_exact(self.block_bytes()).zip(scores) {
             let (scale, codes) = self.split(row);
+            #[cfg(target_arch = "x86_64")]
+            if vector {
+                // SAFETY: the CPU supports AVX2/FMA; `codes` holds `query.len()` bytes.
+                *score = scale * unsafe { avx2::dot(&self.values, query, codes) };
+                continue;
+            }
             let dot: f32 = query
                 .iter()
                 .zip(codes)
@@ -214,12 +221,60 @@ impl Codec for Fp8Codec {
     }
 
     fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]) {
+        let vector = crate::simd::use_avx2() && self.head_dim.is_multiple_of(8);
         for (row, &w) in blocks.chunks_exact(self.block_bytes()).zip(weights) {
             let (scale, codes) = self.split(row);
             let ws = w * scale;
+            #[cfg(target_arch = "x86_64")]
+            if vector {
+                // SAFETY: as in `score`.
+                unsafe { avx2::axpy(&self.values, ws, codes, &mut acc[..self.head_dim]) };
+                continue;
+            }
             for (a, &code) in acc.iter_mut().zip(codes) {
                 *a += ws * self.values[usize::from(code)];
             }
+        }
+    }
+}
+
+/// AVX2 kernels: each code byte is looked up in the 256-entry value table by a gather.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use crate::simd::avx2::hsum;
+    use std::arch::x86_64::*;
+
+    /// The values of the 8 codes at `codes`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values8(values: &[f32; 256], codes: *const u8) -> __m256 {
+        let idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(codes as *const __m128i));
+        _mm256_i32gather_ps::<4>(values.as_ptr(), idx)
+    }
+
+    /// `Σ q[i]·values[codes[i]]` (`q.len()` a multiple of 8, `codes` at least as long).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot(values: &[f32; 256], q: &[f32], codes: &[u8]) -> f32 {
+        assert!(codes.len() >= q.len());
+        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for i in (0..q.len()).step_by(8) {
+            let x = values8(values, codes.as_ptr().add(i));
+            let sum = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i)), x, acc0);
+            acc0 = acc1;
+            acc1 = sum;
+        }
+        hsum(_mm256_add_ps(acc0, acc1))
+    }
+
+    /// `acc[i] += w·values[codes[i]]` (`acc.len()` a multiple of 8, `codes` at least as long).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy(values: &[f32; 256], w: f32, codes: &[u8], acc: &mut [f32]) {
+        assert!(codes.len() >= acc.len());
+        let wv = _mm256_set1_ps(w);
+        for i in (0..acc.len()).step_by(8) {
+            let a = acc.as_mut_ptr().add(i);
+            let x = values8(values, codes.as_ptr().add(i));
+            _mm256_storeu_ps(a, _mm256_fmadd_ps(wv, x, _mm256_loadu_ps(a)));
         }
     }
 }
