@@ -158,16 +158,19 @@ pub fn dot_codes(packed: &[u8], bits: u32, q: &[f32], scales: &[f32]) -> f32 {
     sums.iter().zip(scales).map(|(d, s)| d * s).sum()
 }
 
-/// `acc[i] += a·code_i + b` over the `acc.len()` (a multiple of 8) codes of width `bits`.
-pub fn axpy_codes(packed: &[u8], bits: u32, a: f32, b: f32, acc: &mut [f32]) {
-    assert!(acc.len().is_multiple_of(8) && packed.len() >= acc.len() / 8 * bits as usize);
+/// `acc[i] += a[g]·code_i + b[g]` over the `acc.len()` codes of width `bits`, which form
+/// `a.len()` (= `b.len()`) equal groups `g` of a multiple of 8 codes each.
+pub fn axpy_codes(packed: &[u8], bits: u32, a: &[f32], b: &[f32], acc: &mut [f32]) {
+    let group = acc.len() / a.len();
+    assert!(group.is_multiple_of(8) && group * a.len() == acc.len() && b.len() == a.len());
+    assert!(packed.len() >= acc.len() / 8 * bits as usize);
     #[cfg(target_arch = "x86_64")]
     if use_avx2() {
         // SAFETY: as in `dot_codes`.
         return with_width!(bits, B => unsafe { avx2::axpy_codes::<B>(packed, a, b, None, acc) });
     }
     with_width!(bits, B => each_code::<B>(packed, acc.len(), |i, c| {
-        acc[i] += a * f32::from(c) + b;
+        acc[i] += a[i / group] * f32::from(c) + b[i / group];
     }));
 }
 
@@ -197,7 +200,7 @@ pub fn axpy_lut(packed: &[u8], bits: u32, lut: &[f32; 16], a: f32, acc: &mut [f3
     if use_avx2() {
         // SAFETY: as in `dot_codes`.
         return with_width!(bits, B => unsafe {
-            avx2::axpy_codes::<B>(packed, a, 0.0, Some(avx2::Lut::new(lut)), acc)
+            avx2::axpy_codes::<B>(packed, &[a], &[0.0], Some(avx2::Lut::new(lut)), acc)
         });
     }
     with_width!(bits, B => each_code::<B>(packed, acc.len(), |i, c| {
@@ -315,26 +318,29 @@ pub(crate) mod avx2 {
         hsum(_mm256_add_ps(acc0, acc1))
     }
 
-    /// [`super::axpy_codes`] (and [`super::axpy_lut`] with `lut`, `b = 0`) for code width `B`;
-    /// `packed` must hold `acc.len()/8·B` bytes.
+    /// [`super::axpy_codes`] (and [`super::axpy_lut`] with `lut`, `b = [0]`) for code width
+    /// `B`; `packed` must hold `acc.len()/8·B` bytes.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn axpy_codes<const B: usize>(
         packed: &[u8],
-        a: f32,
-        b: f32,
+        a: &[f32],
+        b: &[f32],
         lut: Option<Lut>,
         acc: &mut [f32],
     ) {
-        let (av, bv) = (_mm256_set1_ps(a), _mm256_set1_ps(b));
-        let mut p = packed.as_ptr();
-        for i in (0..acc.len()).step_by(8) {
-            let out = acc.as_mut_ptr().add(i);
-            let x = levels(codes8::<B>(p), lut);
-            _mm256_storeu_ps(
-                out,
-                _mm256_fmadd_ps(av, x, _mm256_add_ps(_mm256_loadu_ps(out), bv)),
-            );
-            p = p.add(B);
+        let per_group = acc.len() / a.len() / 8;
+        let (mut p, mut out) = (packed.as_ptr(), acc.as_mut_ptr());
+        for (&a, &b) in a.iter().zip(b) {
+            let (av, bv) = (_mm256_set1_ps(a), _mm256_set1_ps(b));
+            for _ in 0..per_group {
+                let x = levels(codes8::<B>(p), lut);
+                _mm256_storeu_ps(
+                    out,
+                    _mm256_fmadd_ps(av, x, _mm256_add_ps(_mm256_loadu_ps(out), bv)),
+                );
+                p = p.add(B);
+                out = out.add(8);
+            }
         }
     }
 
@@ -435,9 +441,11 @@ mod tests {
                 let (v, s) = both(&|| dot_codes(&packed, bits, &q, &[2.0]));
                 assert!(close(v, s), "dot_codes {bits} {n}: {v} {s}");
                 let mut acc_v = q.clone();
-                axpy_codes(&packed, bits, 0.3, -1.5, &mut acc_v);
+                axpy_codes(&packed, bits, &scales, &[-1.5; 128][..n / 8], &mut acc_v);
                 let mut acc_s = q.clone();
-                force_scalar(|| axpy_codes(&packed, bits, 0.3, -1.5, &mut acc_s));
+                force_scalar(|| {
+                    axpy_codes(&packed, bits, &scales, &[-1.5; 128][..n / 8], &mut acc_s)
+                });
                 assert!(acc_v.iter().zip(&acc_s).all(|(a, b)| close(*a, *b)));
                 if bits <= 4 {
                     let (v, s) = both(&|| dot_lut(&packed, bits, &lut, &q));

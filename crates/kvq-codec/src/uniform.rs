@@ -448,21 +448,17 @@ impl Codec for IntCodec {
         let d = self.head_dim;
         let bb = self.block_bytes();
         match self.grouping {
-            Grouping::PerToken { group } => {
-                let group_bytes = bits::packed_len(group, self.bits);
+            Grouping::PerToken { .. } => {
+                let (mut scales, mut offsets) =
+                    (vec![0.0f32; self.groups()], vec![0.0f32; self.groups()]);
                 for (block, &w) in blocks.chunks_exact(bb).zip(weights) {
-                    let codes = self.row_codes(block, 0);
-                    for (g, acc_g) in acc[..d].chunks_exact_mut(group).enumerate() {
+                    for (g, (scale, offset)) in scales.iter_mut().zip(&mut offsets).enumerate() {
                         let affine = self.affine(block, g);
-                        let packed = &codes[g * group_bytes..][..group_bytes];
-                        axpy_codes(
-                            packed,
-                            self.bits,
-                            w * affine.scale,
-                            w * affine.offset(),
-                            acc_g,
-                        );
+                        *scale = w * affine.scale;
+                        *offset = w * affine.offset();
                     }
+                    let codes = self.row_codes(block, 0);
+                    axpy_codes(codes, self.bits, &scales, &offsets, &mut acc[..d]);
                 }
             }
             Grouping::PerChannel { tokens } => {
@@ -474,8 +470,8 @@ impl Codec for IntCodec {
                         axpy_codes(
                             self.row_codes(block, t),
                             self.bits,
-                            w,
-                            0.0,
+                            &[w],
+                            &[0.0],
                             &mut weighted_codes,
                         );
                     }
