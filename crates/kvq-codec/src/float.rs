@@ -44,7 +44,6 @@ impl FloatCodec {
     pub fn new(format: FloatFormat, head_dim: usize) -> Self {
         Self { format, head_dim }
     }
-
 }
 
 impl Codec for FloatCodec {
