@@ -92,17 +92,9 @@ impl Codec for FloatCodec {
         simd::axpy(self.format.row_format(), 1.0, block, rows);
     }
     fn score(&self, query: &[f32], blocks: &[u8], scores: &mut [f32]) {
-        let row = self.block_bytes();
-        for (s, r) in scores.iter_mut().zip(blocks.chunks_exact(row)) {
-            *s = simd::dot(self.format.row_format(), query, r);
-        }
+        simd::dot_rows(self.format.row_format(), query, blocks, scores);
     }
     fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]) {
-        let row = self.block_bytes();
-        for (&w, r) in weights.iter().zip(blocks.chunks_exact(row)) {
-            if w != 0.0 {
-                simd::axpy(self.format.row_format(), w, r, acc);
-            }
-        }
+        simd::axpy_rows(self.format.row_format(), weights, blocks, acc);
     }
 }

@@ -91,6 +91,32 @@ pub fn axpy(format: RowFormat, w: f32, row: &[u8], acc: &mut [f32]) {
     }
 }
 
+/// `scores[t] = Σ q[i]·row_t[i]` for consecutive rows of `q.len()` elements in `rows`.
+pub fn dot_rows(format: RowFormat, q: &[f32], rows: &[u8], scores: &mut [f32]) {
+    let row_bytes = rows.len() / scores.len().max(1);
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() && q.len().is_multiple_of(8) {
+        // SAFETY: AVX2/FMA/F16C are present; every access is bounds-checked by slicing.
+        return unsafe { avx2::dot_rows(format, q, rows, row_bytes, scores) };
+    }
+    for (s, row) in scores.iter_mut().zip(rows.chunks_exact(row_bytes)) {
+        *s = dot(format, q, row);
+    }
+}
+
+/// `acc[i] += Σ_t weights[t]·row_t[i]` for consecutive rows of `acc.len()` elements in `rows`.
+pub fn axpy_rows(format: RowFormat, weights: &[f32], rows: &[u8], acc: &mut [f32]) {
+    let row_bytes = rows.len() / weights.len().max(1);
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() && acc.len().is_multiple_of(8) {
+        // SAFETY: as in `dot_rows`.
+        return unsafe { avx2::axpy_rows(format, weights, rows, row_bytes, acc) };
+    }
+    for (&w, row) in weights.iter().zip(rows.chunks_exact(row_bytes)) {
+        axpy(format, w, row, acc);
+    }
+}
+
 /// The 8 codes of width `B` packed in `bytes[..B]` (least significant bit first).
 #[inline(always)]
 fn eight_codes<const B: usize>(bytes: &[u8]) -> [u8; 8] {
@@ -373,6 +399,66 @@ pub(crate) mod avx2 {
             acc[j & 1] = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i)), x, acc[j & 1]);
         }
         hsum(_mm256_add_ps(acc[0], acc[1]))
+    }
+
+    /// [`super::dot_rows`]: two rows at a time share the query loads.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_rows(
+        format: RowFormat,
+        q: &[f32],
+        rows: &[u8],
+        row_bytes: usize,
+        scores: &mut [f32],
+    ) {
+        let n = scores.len();
+        let mut t = 0;
+        while t + 2 <= n {
+            let (r0, r1) = (
+                &rows[t * row_bytes..][..row_bytes],
+                &rows[(t + 1) * row_bytes..][..row_bytes],
+            );
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for (j, i) in (0..q.len()).step_by(8).enumerate() {
+                let qv = _mm256_loadu_ps(q.as_ptr().add(i));
+                acc[j & 1] = _mm256_fmadd_ps(qv, load8(format, r0, i), acc[j & 1]);
+                acc[2 + (j & 1)] = _mm256_fmadd_ps(qv, load8(format, r1, i), acc[2 + (j & 1)]);
+            }
+            scores[t] = hsum(_mm256_add_ps(acc[0], acc[1]));
+            scores[t + 1] = hsum(_mm256_add_ps(acc[2], acc[3]));
+            t += 2;
+        }
+        if t < n {
+            scores[t] = dot(format, q, &rows[t * row_bytes..][..row_bytes]);
+        }
+    }
+
+    /// [`super::axpy_rows`]: four rows at a time per load and store of the accumulator.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_rows(
+        format: RowFormat,
+        weights: &[f32],
+        rows: &[u8],
+        row_bytes: usize,
+        acc: &mut [f32],
+    ) {
+        let n = weights.len();
+        let mut t = 0;
+        while t + 4 <= n {
+            let r: [&[u8]; 4] = std::array::from_fn(|k| &rows[(t + k) * row_bytes..][..row_bytes]);
+            let w: [__m256; 4] = std::array::from_fn(|k| _mm256_set1_ps(weights[t + k]));
+            for i in (0..acc.len()).step_by(8) {
+                let p = acc.as_mut_ptr().add(i);
+                let mut a = _mm256_loadu_ps(p);
+                for k in 0..4 {
+                    a = _mm256_fmadd_ps(w[k], load8(format, r[k], i), a);
+                }
+                _mm256_storeu_ps(p, a);
+            }
+            t += 4;
+        }
+        for k in t..n {
+            axpy(format, weights[k], &rows[k * row_bytes..][..row_bytes], acc);
+        }
     }
 
     /// [`super::axpy`].
