@@ -9,6 +9,7 @@ mod generate;
 mod info;
 mod memory;
 mod ppl;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -34,6 +35,8 @@ enum Command {
     Memory(memory::Args),
     /// Benchmarks: `attention` (kernel on a synthetic cache) and `decode` (whole model).
     Bench(bench::Args),
+    /// OpenAI-compatible server with continuous batching over the compressed cache.
+    Serve(serve::Args),
 }
 
 fn main() {
@@ -45,6 +48,7 @@ fn main() {
         Command::Ppl(a) => ppl::run(a),
         Command::Memory(a) => memory::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Serve(a) => serve::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
