@@ -1,12 +1,25 @@
-//! Arguments shared by several subcommands: the model, the cache scheme and its options.
+//! Arguments shared by several subcommands: the model, the cache scheme and its options, and
+//! the profile and policy files (checked against the model this process opened).
 
 use anyhow::{bail, Context, Result};
 use kvq_cache::{CacheOptions, Policy};
+use kvq_calib::{ModelIdentity, PolicyFile, Profile};
 use kvq_codec::{Calibration, KvSpec, SchemeKind};
 use kvq_model::gemma3::Gemma3;
 use kvq_model::gguf::Gguf;
 use kvq_model::tokenizer::Tokenizer;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Identity of the model this process opened (profile and policy files must match it).
+static OPENED_MODEL: OnceLock<ModelIdentity> = OnceLock::new();
+
+/// The identity of the model opened through [`ModelArgs::open`], for files that need one.
+fn opened_model(what: &str) -> Result<&'static ModelIdentity> {
+    OPENED_MODEL.get().with_context(|| {
+        format!("{what} must be checked against the model's GGUF: pass --model (not shape flags)")
+    })
+}
 
 /// File name of the reference model that `scripts/setup-model.sh` assembles.
 const REFERENCE_MODEL: &str = "gemma-3-270m-q4_k_m.gguf";
@@ -41,9 +54,14 @@ impl ModelArgs {
     }
 
     /// Opens the GGUF file.
+    /// Records its identity for [`ProfileArgs`] and [`CacheArgs`] to check files against.
     pub fn open(&self) -> Result<Gguf> {
         let path = self.path()?;
-        Gguf::open(&path).with_context(|| format!("loading model {}", path.display()))
+        let g = Gguf::open(&path).with_context(|| format!("loading model {}", path.display()))?;
+        if let Ok(id) = ModelIdentity::of(&g) {
+            OPENED_MODEL.get_or_init(|| id);
+        }
+        Ok(g)
     }
 
     /// Loads the model and its tokenizer.
@@ -55,12 +73,66 @@ impl ModelArgs {
     }
 }
 
-/// `--kv` and the cache options.
+/// `--profile`: a calibration profile written by `kvq calibrate`.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ProfileArgs {
+    /// Calibration profile from `kvq calibrate` (Oaken thresholds, FP8 scales, channel scales
+    /// and outlier channels for TurboQuant)
+    #[arg(long, value_name = "PROFILE")]
+    pub profile: Option<PathBuf>,
+}
+
+impl ProfileArgs {
+    /// Per-layer (K, V) calibration: the profile's, checked against the opened model, or
+    /// none (schemes that need one say so when built).
+    pub fn calibration(&self, layers: usize) -> Result<Vec<(Calibration, Calibration)>> {
+        let Some(path) = &self.profile else {
+            return Ok(vec![
+                (Calibration::default(), Calibration::default());
+                layers
+            ]);
+        };
+        let profile = Profile::from_file(&read(path)?, opened_model("--profile")?)
+            .with_context(|| format!("refusing profile {}", path.display()))?;
+        Ok(profile.calibration())
+    }
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// Profile and policy files of a [`CacheArgs`], read and checked once.
+#[derive(Clone, Debug)]
+struct CacheFiles {
+    policy: Option<Policy>,
+    calibration: Vec<(Calibration, Calibration)>,
+}
+
+/// The text of `path` as tokens (BOS first), with at least `ctx` of them.
+pub fn read_tokens(path: &Path, tokenizer: &Tokenizer, ctx: usize) -> Result<Vec<u32>> {
+    let tokens = tokenizer.encode(&read(path)?, true);
+    if tokens.len() < ctx {
+        bail!(
+            "{} holds {} tokens, fewer than one chunk of {ctx}",
+            path.display(),
+            tokens.len()
+        );
+    }
+    Ok(tokens)
+}
+
+/// `--kv` (or `--kv-policy`), `--profile` and the cache options.
 #[derive(clap::Args, Clone, Debug)]
 pub struct CacheArgs {
     /// KV scheme for every layer: KIND or k=KIND,v=KIND (see `kvq codecs` for the names)
     #[arg(long, default_value = "f16", value_name = "SPEC")]
     pub kv: String,
+    /// Per-layer K/V schemes from a policy file (`kvq tune --out`), used instead of --kv
+    #[arg(long, value_name = "FILE", conflicts_with = "kv")]
+    pub kv_policy: Option<PathBuf>,
+    #[command(flatten)]
+    pub profile: ProfileArgs,
     /// Newest tokens kept in 16-bit floats before they are quantized [default: 128 for kivi2/kivi4, else 0]
     #[arg(long, value_name = "TOKENS")]
     pub hot_window: Option<usize>,
@@ -73,6 +145,8 @@ pub struct CacheArgs {
     /// Seed of the random rotations of TurboQuant schemes
     #[arg(long, default_value_t = 0x6b7671)]
     pub rotation_seed: u64,
+    #[arg(skip)]
+    files: OnceLock<CacheFiles>,
 }
 
 impl CacheArgs {
@@ -81,23 +155,60 @@ impl CacheArgs {
         Ok(KvSpec::parse(&self.kv)?)
     }
 
-    /// The policy for a model of `layers` layers.
-    pub fn policy(&self, layers: usize) -> Result<Policy> {
-        Ok(Policy::uniform(self.spec()?, layers))
+    /// Reads and checks `--kv-policy` and `--profile` (once): both whole or neither.
+    fn files(&self, layers: usize) -> Result<&CacheFiles> {
+        if let Some(f) = self.files.get() {
+            return Ok(f);
+        }
+        let policy = match &self.kv_policy {
+            Some(path) => Some(
+                PolicyFile::from_file(&read(path)?, opened_model("--kv-policy")?)
+                    .with_context(|| format!("refusing policy {}", path.display()))?,
+            ),
+            None => None,
+        };
+        let calibration = self.profile.calibration(layers)?;
+        Ok(self.files.get_or_init(|| CacheFiles {
+            policy,
+            calibration,
+        }))
     }
 
-    /// Per-layer calibration (none yet: schemes that need a profile say so when built).
+    /// The policy for a model of `layers` layers: `--kv-policy`'s, else `--kv` everywhere.
+    /// Also reads and checks `--profile`, so call it before [`CacheArgs::calibration`].
+    pub fn policy(&self, layers: usize) -> Result<Policy> {
+        match &self.files(layers)?.policy {
+            Some(p) => {
+                p.check_layers(layers)?;
+                Ok(p.clone())
+            }
+            None => Ok(Policy::uniform(self.spec()?, layers)),
+        }
+    }
+
+    /// Per-layer calibration: `--profile`'s, else none (schemes that need one say so when
+    /// built). The profile was checked by [`CacheArgs::policy`].
     pub fn calibration(&self, layers: usize) -> Vec<(Calibration, Calibration)> {
-        vec![(Calibration::default(), Calibration::default()); layers]
+        match self.files.get() {
+            Some(f) => f.calibration.clone(),
+            None if self.profile.profile.is_none() => {
+                vec![(Calibration::default(), Calibration::default()); layers]
+            }
+            None => panic!("CacheArgs::policy reads --profile before calibration is asked for"),
+        }
     }
 
     /// Cache options; `max_append_tokens` is the longest prefill chunk the caller will append.
     pub fn options(&self, max_append_tokens: usize) -> Result<CacheOptions> {
-        let spec = self.spec()?;
         let kivi = |k: SchemeKind| matches!(k, SchemeKind::Kivi { .. });
-        let hot_window =
-            self.hot_window
-                .unwrap_or(if kivi(spec.k) || kivi(spec.v) { 128 } else { 0 });
+        let uses_kivi = match self.files.get().and_then(|f| f.policy.as_ref()) {
+            Some(p) => p.layers.iter().any(|l| kivi(l.k) || kivi(l.v)),
+            None => {
+                let spec = self.spec()?;
+                kivi(spec.k) || kivi(spec.v)
+            }
+        };
+        let hot_window = self.hot_window.unwrap_or(if uses_kivi { 128 } else { 0 });
         if self.page_tokens == 0 {
             bail!("--page-tokens must be positive");
         }

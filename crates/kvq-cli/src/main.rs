@@ -4,12 +4,15 @@
 
 mod args;
 mod bench;
+mod calibrate;
 mod codecs;
 mod generate;
 mod info;
 mod memory;
 mod ppl;
+mod sensitivity;
 mod serve;
+mod tune;
 
 use clap::{Parser, Subcommand};
 
@@ -33,6 +36,12 @@ enum Command {
     Ppl(ppl::Args),
     /// Exact KV-cache bytes for a model, context, batch and scheme.
     Memory(memory::Args),
+    /// Offline profiling (Oaken thresholds, FP8 and channel scales, outlier channels) to a profile.
+    Calibrate(calibrate::Args),
+    /// Per-layer quality cost (KLD, Δppl) of quantizing one layer's K or V alone; JSON, PNG.
+    Sensitivity(sensitivity::Args),
+    /// A per-layer K/V policy meeting a KLD or bit budget, from a sensitivity report.
+    Tune(tune::Args),
     /// Benchmarks: `attention` (kernel on a synthetic cache) and `decode` (whole model).
     Bench(bench::Args),
     /// OpenAI-compatible server with continuous batching over the compressed cache.
@@ -47,6 +56,9 @@ fn main() {
         Command::Generate(a) => generate::run(a),
         Command::Ppl(a) => ppl::run(a),
         Command::Memory(a) => memory::run(a),
+        Command::Calibrate(a) => calibrate::run(a),
+        Command::Sensitivity(a) => sensitivity::run(a),
+        Command::Tune(a) => tune::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => serve::run(a),
     };
