@@ -6,10 +6,12 @@ mod args;
 mod bench;
 mod calibrate;
 mod codecs;
+mod compare;
 mod generate;
 mod info;
 mod memory;
 mod ppl;
+mod retrieval;
 mod sensitivity;
 mod serve;
 mod tune;
@@ -34,6 +36,10 @@ enum Command {
     Generate(generate::Args),
     /// Perplexity over a text file with the cache in the loop (llama-perplexity's procedure).
     Ppl(ppl::Args),
+    /// Passkey retrieval at given lengths and depths; --kv takes a list, f16 runs too.
+    Retrieval(retrieval::Args),
+    /// Several schemes (--kv LIST) on one model and text: table (Markdown, JSON) and PNG plots.
+    Compare(compare::Args),
     /// Exact KV-cache bytes for a model, context, batch and scheme.
     Memory(memory::Args),
     /// Offline profiling (Oaken thresholds, FP8 and channel scales, outlier channels) to a profile.
@@ -56,6 +62,8 @@ fn main() {
         Command::Generate(a) => generate::run(a),
         Command::Ppl(a) => ppl::run(a),
         Command::Memory(a) => memory::run(a),
+        Command::Retrieval(a) => retrieval::run(a),
+        Command::Compare(a) => compare::run(a),
         Command::Calibrate(a) => calibrate::run(a),
         Command::Sensitivity(a) => sensitivity::run(a),
         Command::Tune(a) => tune::run(a),

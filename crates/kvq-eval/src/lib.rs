@@ -4,8 +4,17 @@
 //! token attends to the stored, compressed K/V.
 //!
 //! * [`perplexity`]: llama.cpp's `llama-perplexity` procedure — non-overlapping chunks of
-//!   `ctx` tokens, the first token of each replaced by BOS, only the second half scored.
+//!   `ctx` tokens, the first token of each replaced by BOS, only the second half scored;
+//!   [`perplexity_many`] runs several schemes on the same chunks and compares each scored
+//!   token's distribution with a reference cache's ([`kld`]: KL divergence, top-1 agreement).
+//! * [`retrieval`]: passkey retrieval in a prose haystack at chosen lengths and depths.
+//! * [`compare`]: the side-by-side table of several schemes (Markdown, JSON, Pareto front);
+//!   [`plot`]: its PNG plots.
 
+pub mod compare;
+pub mod kld;
 pub mod perplexity;
+pub mod plot;
+pub mod retrieval;
 
-pub use perplexity::{perplexity, PplOptions, PplReport};
+pub use perplexity::{perplexity, perplexity_many, CacheSetup, KldReport, PplOptions, PplReport};
