@@ -52,6 +52,12 @@ struct AttentionArgs {
     /// Print JSON
     #[arg(long)]
     json: bool,
+    /// Where to run: `cpu`, or `cuda` (kvq-gpu kernels; see gpu.rs)
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Sequences per batch, comma-separated (`--device cuda` only)
+    #[arg(long, default_value = "1", value_delimiter = ',')]
+    batch: Vec<usize>,
 }
 
 #[derive(clap::Args)]
@@ -137,6 +143,11 @@ fn attention(a: AttentionArgs) -> Result<()> {
         bail!("--kv-heads must divide --q-heads");
     }
     let specs: Vec<KvSpec> = a.kv.split(',').map(|s| KvSpec::parse(&s.replace(';', ","))).collect::<Result<_, _>>()?;
+    if a.device == "cuda" {
+        let (batches, contexts, iters) = (a.batch, a.ctx, a.iters);
+        let (q_heads, kv_heads, head_dim, json) = (a.q_heads, a.kv_heads, a.head_dim, a.json);
+        return crate::gpu::bench_attention(crate::gpu::BenchOptions { specs, batches, contexts, q_heads, kv_heads, head_dim, iters, json });
+    }
     let shape = LayerShape { kv_heads: a.kv_heads, head_dim: a.head_dim, window: None };
     let copy = copy_bandwidth();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);

@@ -8,6 +8,7 @@ mod calibrate;
 mod codecs;
 mod compare;
 mod generate;
+mod gpu;
 mod info;
 mod memory;
 mod ppl;
@@ -50,6 +51,8 @@ enum Command {
     Tune(tune::Args),
     /// Benchmarks: `attention` (kernel on a synthetic cache) and `decode` (whole model).
     Bench(bench::Args),
+    /// The CUDA device, libraries found, and a self-test kernel (exits 0 without CUDA).
+    GpuInfo(gpu::Args),
     /// OpenAI-compatible server with continuous batching over the compressed cache.
     Serve(serve::Args),
 }
@@ -68,6 +71,7 @@ fn main() {
         Command::Sensitivity(a) => sensitivity::run(a),
         Command::Tune(a) => tune::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::GpuInfo(a) => gpu::info(a),
         Command::Serve(a) => serve::run(a),
     };
     if let Err(e) = result {
