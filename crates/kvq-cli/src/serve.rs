@@ -71,6 +71,7 @@ pub fn run(args: Args) -> Result<()> {
     let (model, tokenizer) = args.model.load()?;
     let layers = model.config.layers;
     let policy = args.cache.policy(layers)?;
+    let scheme = policy.describe();
     let config = ServeConfig {
         model_name: model_name.clone(),
         calibration: args.cache.calibration(layers),
@@ -89,7 +90,7 @@ pub fn run(args: Args) -> Result<()> {
     eprintln!(
         "kvq serve: model `{model_name}` on http://{} — cache {} ({} bytes: {} slots of {} tokens, {} pages, {:.3} bits/element, {:.2}x smaller than 16-bit)",
         server.addr(),
-        args.cache.kv,
+        scheme,
         plan.bytes,
         plan.slots,
         plan.slot_tokens,
