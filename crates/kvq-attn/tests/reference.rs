@@ -11,10 +11,12 @@ const D: usize = 64;
 const KV_HEADS: usize = 2;
 const Q_HEADS: usize = 4;
 
+/// Per-head key rows and value rows of one position.
+type HeadRows = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
 /// Decoded (position → per-head key and value rows) of a layer view.
-fn decoded(view: &LayerView) -> Vec<(usize, Vec<Vec<f32>>, Vec<Vec<f32>>)> {
-    let mut by_pos: std::collections::BTreeMap<usize, (Vec<Vec<f32>>, Vec<Vec<f32>>)> =
-        Default::default();
+fn decoded(view: &LayerView) -> Vec<(usize, HeadRows)> {
+    let mut by_pos: std::collections::BTreeMap<usize, HeadRows> = Default::default();
     for span in &view.spans {
         let (kc, vc) = if span.compressed() {
             (view.k_codec, view.v_codec)
@@ -38,7 +40,7 @@ fn decoded(view: &LayerView) -> Vec<(usize, Vec<Vec<f32>>, Vec<Vec<f32>>)> {
             }
         }
     }
-    by_pos.into_iter().map(|(p, (k, v))| (p, k, v)).collect()
+    by_pos.into_iter().collect()
 }
 
 fn reference(view: &LayerView, q: &[f32], positions: &[usize], params: &AttnParams) -> Vec<f32> {
@@ -48,13 +50,13 @@ fn reference(view: &LayerView, q: &[f32], positions: &[usize], params: &AttnPara
         for qh in 0..Q_HEADS {
             let kh = qh / (Q_HEADS / KV_HEADS);
             let query = &q[(i * Q_HEADS + qh) * D..][..D];
-            let visible: Vec<&(usize, Vec<Vec<f32>>, Vec<Vec<f32>>)> = rows
+            let visible: Vec<&(usize, HeadRows)> = rows
                 .iter()
-                .filter(|(p, _, _)| *p <= pos && params.window.is_none_or(|w| pos - p < w))
+                .filter(|(p, _)| *p <= pos && params.window.is_none_or(|w| pos - p < w))
                 .collect();
             let scores: Vec<f64> = visible
                 .iter()
-                .map(|(_, k, _)| {
+                .map(|(_, (k, _))| {
                     k[kh]
                         .iter()
                         .zip(query)
@@ -66,7 +68,7 @@ fn reference(view: &LayerView, q: &[f32], positions: &[usize], params: &AttnPara
             let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
             let mut o = vec![0f64; D];
-            for (s, (_, _, v)) in scores.iter().zip(&visible) {
+            for (s, (_, (_, v))) in scores.iter().zip(&visible) {
                 for (oi, vi) in o.iter_mut().zip(&v[kh]) {
                     *oi += (s - m).exp() / z * f64::from(*vi);
                 }

@@ -2,7 +2,7 @@
 //! windows, copy-on-write forks, sliding-window release, and clean refusal when full.
 
 use kvq_cache::{memory, CacheError, CacheOptions, KvCache, LayerShape, LayerView, Policy, SeqId};
-use kvq_codec::{Calibration, KvSpec};
+use kvq_codec::KvSpec;
 use rand::{Rng, SeedableRng};
 
 fn shapes() -> Vec<LayerShape> {
@@ -245,7 +245,7 @@ fn sliding_window_layers_recycle_their_pages() {
     let view = c.view(s, 0).unwrap();
     let held: usize = view.spans.iter().map(|sp| sp.tokens).sum();
     assert!(
-        held >= 24 && held <= 24 + 4 + 8,
+        (24..=24 + 4 + 8).contains(&held),
         "window layer holds {held} tokens"
     );
     assert_eq!(view.spans.first().unwrap().first_pos + held, 400);

@@ -112,19 +112,38 @@ pub fn copy_bandwidth() -> f64 {
 
 /// A one-layer cache of `ctx` random tokens.
 fn synthetic_cache(spec: KvSpec, shape: LayerShape, ctx: usize, seed: u64) -> Result<KvCache> {
-    let options = CacheOptions { max_append_tokens: 1024, ..CacheOptions::default() };
+    let options = CacheOptions {
+        max_append_tokens: 1024,
+        ..CacheOptions::default()
+    };
     let mut cal = Calibration::default();
-    if matches!(spec.k, kvq_codec::SchemeKind::Oaken) || matches!(spec.v, kvq_codec::SchemeKind::Oaken) {
+    if matches!(spec.k, kvq_codec::SchemeKind::Oaken)
+        || matches!(spec.v, kvq_codec::SchemeKind::Oaken)
+    {
         cal = kvq_cache::memory::sizing_calibration();
     }
-    let mut cache = KvCache::new(&[shape], &Policy::uniform(spec, 1), &[(cal.clone(), cal)], options, ctx, 1)?;
+    let mut cache = KvCache::new(
+        &[shape],
+        &Policy::uniform(spec, 1),
+        &[(cal.clone(), cal)],
+        options,
+        ctx,
+        1,
+    )?;
     let seq = cache.add_sequence();
     fill(&mut cache, seq, 0, shape, ctx, seed)?;
     Ok(cache)
 }
 
 /// Appends `tokens` random rows to `layer` of `seq`, in runs of at most 1024.
-fn fill(cache: &mut KvCache, seq: kvq_cache::SeqId, layer: usize, shape: LayerShape, tokens: usize, seed: u64) -> Result<()> {
+fn fill(
+    cache: &mut KvCache,
+    seq: kvq_cache::SeqId,
+    layer: usize,
+    shape: LayerShape,
+    tokens: usize,
+    seed: u64,
+) -> Result<()> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut left = tokens;
     while left > 0 {
@@ -139,20 +158,42 @@ fn fill(cache: &mut KvCache, seq: kvq_cache::SeqId, layer: usize, shape: LayerSh
 }
 
 fn attention(a: AttentionArgs) -> Result<()> {
-    if a.kv_heads == 0 || a.q_heads % a.kv_heads != 0 {
+    if a.kv_heads == 0 || !a.q_heads.is_multiple_of(a.kv_heads) {
         bail!("--kv-heads must divide --q-heads");
     }
-    let specs: Vec<KvSpec> = a.kv.split(',').map(|s| KvSpec::parse(&s.replace(';', ","))).collect::<Result<_, _>>()?;
+    let specs: Vec<KvSpec> =
+        a.kv.split(',')
+            .map(|s| KvSpec::parse(&s.replace(';', ",")))
+            .collect::<Result<_, _>>()?;
     if a.device == "cuda" {
         let (batches, contexts, iters) = (a.batch, a.ctx, a.iters);
         let (q_heads, kv_heads, head_dim, json) = (a.q_heads, a.kv_heads, a.head_dim, a.json);
-        return crate::gpu::bench_attention(crate::gpu::BenchOptions { specs, batches, contexts, q_heads, kv_heads, head_dim, iters, json });
+        return crate::gpu::bench_attention(crate::gpu::BenchOptions {
+            specs,
+            batches,
+            contexts,
+            q_heads,
+            kv_heads,
+            head_dim,
+            iters,
+            json,
+        });
     }
-    let shape = LayerShape { kv_heads: a.kv_heads, head_dim: a.head_dim, window: None };
+    let shape = LayerShape {
+        kv_heads: a.kv_heads,
+        head_dim: a.head_dim,
+        window: None,
+    };
     let copy = copy_bandwidth();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let queries: Vec<f32> = (0..a.q_heads * a.head_dim).map(|_| rng.gen_range(-1.0..1.0)).collect();
-    let params = AttnParams { q_heads: a.q_heads, scale: 1.0 / (a.head_dim as f32).sqrt(), window: None };
+    let queries: Vec<f32> = (0..a.q_heads * a.head_dim)
+        .map(|_| rng.gen_range(-1.0..1.0))
+        .collect();
+    let params = AttnParams {
+        q_heads: a.q_heads,
+        scale: 1.0 / (a.head_dim as f32).sqrt(),
+        window: None,
+    };
     let time = |spec: KvSpec, ctx: usize| -> Result<(f64, usize)> {
         let cache = synthetic_cache(spec, shape, ctx, 1)?;
         let seq = kvq_cache::SeqId(0);
@@ -186,7 +227,10 @@ fn attention(a: AttentionArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         println!("memory copy: {:.2} GB/s", copy / 1e9);
-        println!("{:<14} {:>7} {:>10} {:>10} {:>8} {:>9} {:>9}", "kv", "ctx", "ms", "f16 ms", "speedup", "GB/s", "f16 GB/s");
+        println!(
+            "{:<14} {:>7} {:>10} {:>10} {:>8} {:>9} {:>9}",
+            "kv", "ctx", "ms", "f16 ms", "speedup", "GB/s", "f16 GB/s"
+        );
         for r in &rows {
             println!(
                 "{:<14} {:>7} {:>10.3} {:>10.3} {:>8.2} {:>9.2} {:>9.2}",
@@ -222,7 +266,11 @@ fn decode(a: DecodeArgs) -> Result<()> {
     }
     for &ctx in &a.ctx {
         if ctx + a.tokens > c.context_length {
-            bail!("context {ctx} plus {} decoded tokens exceeds the model's {}", a.tokens, c.context_length);
+            bail!(
+                "context {ctx} plus {} decoded tokens exceeds the model's {}",
+                a.tokens,
+                c.context_length
+            );
         }
         let options = a.cache.options(1024)?;
         let mut cache = KvCache::new(&c.layer_shapes(), &policy, &cal, options, ctx + a.tokens, 1)?;

@@ -58,6 +58,12 @@ enum Command {
 }
 
 fn main() {
+    // Like other Unix tools, end quietly when the reader of stdout goes away (`kvq ... | head`).
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info(a) => info::run(a),

@@ -17,10 +17,15 @@ fn four_chunks_of_wikitext_match_llama_cpp_within_one_percent() {
     let model = std::env::var("KVQ_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|_| root.join("models/gemma-3-270m-q4_k_m.gguf"));
-    assert!(model.exists(), "reference model missing at {}: run scripts/setup-model.sh", model.display());
+    assert!(
+        model.exists(),
+        "reference model missing at {}: run scripts/setup-model.sh",
+        model.display()
+    );
     let g = Gguf::open(&model).unwrap();
     let (m, tok) = (Gemma3::load(&g).unwrap(), Tokenizer::from_gguf(&g).unwrap());
-    let text = std::fs::read_to_string(root.join("../shared/data/wikitext-2-raw/wiki.test.raw")).unwrap();
+    let text =
+        std::fs::read_to_string(root.join("../shared/data/wikitext-2-raw/wiki.test.raw")).unwrap();
     // Only the first 4 chunks (2048 tokens) are scored; tokenize a prefix that covers them.
     let tokens = tok.encode(&text[..20_000], true);
     assert!(tokens.len() >= 4 * 512);
@@ -36,5 +41,10 @@ fn four_chunks_of_wikitext_match_llama_cpp_within_one_percent() {
     assert_eq!(report.tokens, 4 * 255);
     let llama_cpp = 14.99;
     let rel = (report.ppl - llama_cpp).abs() / llama_cpp;
-    assert!(rel < 0.01, "kvq {:.4} vs llama.cpp {llama_cpp}: {:.2}% apart", report.ppl, rel * 100.0);
+    assert!(
+        rel < 0.01,
+        "kvq {:.4} vs llama.cpp {llama_cpp}: {:.2}% apart",
+        report.ppl,
+        rel * 100.0
+    );
 }
