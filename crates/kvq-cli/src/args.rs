@@ -106,7 +106,8 @@ fn read(path: &Path) -> Result<String> {
 #[derive(Clone, Debug)]
 struct CacheFiles {
     policy: Option<Policy>,
-    calibration: Vec<(Calibration, Calibration)>,
+    /// `None` without `--profile`.
+    calibration: Option<Vec<(Calibration, Calibration)>>,
 }
 
 /// The text of `path` as tokens (BOS first), with at least `ctx` of them.
@@ -156,7 +157,7 @@ impl CacheArgs {
     }
 
     /// Reads and checks `--kv-policy` and `--profile` (once): both whole or neither.
-    fn files(&self, layers: usize) -> Result<&CacheFiles> {
+    fn files(&self) -> Result<&CacheFiles> {
         if let Some(f) = self.files.get() {
             return Ok(f);
         }
@@ -167,7 +168,10 @@ impl CacheArgs {
             ),
             None => None,
         };
-        let calibration = self.profile.calibration(layers)?;
+        let calibration = match self.profile.profile {
+            Some(_) => Some(self.profile.calibration(0)?),
+            None => None,
+        };
         Ok(self.files.get_or_init(|| CacheFiles {
             policy,
             calibration,
@@ -175,9 +179,8 @@ impl CacheArgs {
     }
 
     /// The policy for a model of `layers` layers: `--kv-policy`'s, else `--kv` everywhere.
-    /// Also reads and checks `--profile`, so call it before [`CacheArgs::calibration`].
     pub fn policy(&self, layers: usize) -> Result<Policy> {
-        match &self.files(layers)?.policy {
+        match &self.files()?.policy {
             Some(p) => {
                 p.check_layers(layers)?;
                 Ok(p.clone())
@@ -186,22 +189,17 @@ impl CacheArgs {
         }
     }
 
-    /// Per-layer calibration: `--profile`'s, else none (schemes that need one say so when
-    /// built). The profile was checked by [`CacheArgs::policy`].
-    pub fn calibration(&self, layers: usize) -> Vec<(Calibration, Calibration)> {
-        match self.files.get() {
-            Some(f) => f.calibration.clone(),
-            None if self.profile.profile.is_none() => {
-                vec![(Calibration::default(), Calibration::default()); layers]
-            }
-            None => panic!("CacheArgs::policy reads --profile before calibration is asked for"),
-        }
+    /// Per-layer calibration: `--profile`'s (checked against the model), else none (schemes
+    /// that need one say so when built).
+    pub fn calibration(&self, layers: usize) -> Result<Vec<(Calibration, Calibration)>> {
+        let none = || vec![(Calibration::default(), Calibration::default()); layers];
+        Ok(self.files()?.calibration.clone().unwrap_or_else(none))
     }
 
     /// Cache options; `max_append_tokens` is the longest prefill chunk the caller will append.
     pub fn options(&self, max_append_tokens: usize) -> Result<CacheOptions> {
         let kivi = |k: SchemeKind| matches!(k, SchemeKind::Kivi { .. });
-        let uses_kivi = match self.files.get().and_then(|f| f.policy.as_ref()) {
+        let uses_kivi = match &self.files()?.policy {
             Some(p) => p.layers.iter().any(|l| kivi(l.k) || kivi(l.v)),
             None => {
                 let spec = self.spec()?;

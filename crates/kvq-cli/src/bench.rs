@@ -251,7 +251,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let (model, _) = a.model.load()?;
     let c = &model.config;
     let policy = a.cache.policy(c.layers)?;
-    let cal = a.cache.calibration(c.layers);
+    let cal = a.cache.calibration(c.layers)?;
     let mut rows = Vec::new();
     if a.prefill > 0 {
         let options = a.cache.options(a.prefill)?;

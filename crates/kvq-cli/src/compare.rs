@@ -101,7 +101,7 @@ pub fn f16_reference(scheme: &CacheSetup, layers: usize) -> Result<CacheSetup> {
 pub fn setup(cache: &CacheArgs, layers: usize) -> Result<CacheSetup> {
     Ok(CacheSetup {
         policy: cache.policy(layers)?,
-        calibration: cache.calibration(layers),
+        calibration: cache.calibration(layers)?,
         options: cache.options(512)?,
     })
 }

@@ -72,7 +72,7 @@ pub fn run(args: Args) -> Result<()> {
     let mut cache = KvCache::new(
         &c.layer_shapes(),
         &policy,
-        &args.cache.calibration(c.layers),
+        &args.cache.calibration(c.layers)?,
         options,
         total,
         1,

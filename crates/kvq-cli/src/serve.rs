@@ -74,7 +74,7 @@ pub fn run(args: Args) -> Result<()> {
     let scheme = policy.describe();
     let config = ServeConfig {
         model_name: model_name.clone(),
-        calibration: args.cache.calibration(layers),
+        calibration: args.cache.calibration(layers)?,
         options: args.cache.options(args.prefill_chunk)?,
         policy,
         max_batch: args.max_batch,
