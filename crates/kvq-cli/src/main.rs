@@ -65,7 +65,19 @@ fn main() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
-    let result = match cli.command {
+    // Run the command on a worker of rayon's global pool: the parallel loops of every matrix
+    // product and attention call (about 150 per decoded token) then start from inside the pool,
+    // and the worker that runs the command takes part in them.
+    let (result, ()) = rayon::join(|| run(cli), || ());
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// Runs one subcommand.
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
         Command::Info(a) => info::run(a),
         Command::Codecs(a) => codecs::run(a),
         Command::Generate(a) => generate::run(a),
@@ -79,9 +91,5 @@ fn main() {
         Command::Bench(a) => bench::run(a),
         Command::GpuInfo(a) => gpu::info(a),
         Command::Serve(a) => serve::run(a),
-    };
-    if let Err(e) = result {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
     }
 }
