@@ -91,13 +91,7 @@ pub fn bench_attention(o: BenchOptions) -> Result<()> {
         head_dim: o.head_dim,
         page_tokens,
     };
-    let tunings = [
-        Tuning::default(),
-        Tuning {
-            channels_per_lane: 16,
-            unroll: 2,
-        },
-    ];
+    let tunings = [Tuning::default(), Tuning { blocks_per_sm: 16 }];
     let s = gpu.stream().clone();
     let mut rows = Vec::new();
     for spec in &o.specs {
@@ -176,7 +170,7 @@ pub fn bench_attention(o: BenchOptions) -> Result<()> {
                     let gbs = bytes / (ms * 1e-3) / 1e9;
                     rows.push(serde_json::json!({
                         "kv": spec.name(), "batch": batch, "ctx": ctx, "q_heads": o.q_heads, "kv_heads": o.kv_heads,
-                        "head_dim": o.head_dim, "tuning": format!("cpl{}x{}", t.channels_per_lane, t.unroll),
+                        "head_dim": o.head_dim, "tuning": format!("sm{}", t.blocks_per_sm),
                         "ms": ms, "bytes_read": bytes, "gb_per_s": gbs, "copy_gb_per_s": copy / 1e9,
                         "pct_of_copy": 100.0 * gbs * 1e9 / copy, "device": info.name,
                     }));

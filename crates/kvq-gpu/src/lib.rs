@@ -116,9 +116,9 @@ impl Gpu {
             head_dim: 128,
             page_tokens: 32,
         };
-        let module =
-            self.ctx
-                .load_module(compile(&prelude(shape, &probe, &probe, Tuning::default()))?)?;
+        let module = self
+            .ctx
+            .load_module(compile(&prelude(shape, &probe, &probe))?)?;
         let f = module.load_function("self_test")?;
         let x: Vec<f32> = (0..1024).map(|i| i as f32 * 0.37 - 100.0).collect();
         let dx = self.stream.clone_htod(&x)?;
@@ -180,14 +180,12 @@ pub fn compile(prelude: &str) -> Result<cudarc::nvrtc::Ptx> {
 }
 
 /// The NVRTC prelude of a scheme's kernels for `shape`.
-pub fn prelude(shape: CacheShape, k: &RoleLayout, v: &RoleLayout, tuning: Tuning) -> String {
+pub fn prelude(shape: CacheShape, k: &RoleLayout, v: &RoleLayout) -> String {
     format!(
-        "#define HD {}\n#define GQ {}\n#define PT {}\n#define CPL {}\n#define UNROLL {}\n{}{}",
+        "#define HD {}\n#define GQ {}\n#define PT {}\n{}{}",
         shape.head_dim,
         shape.q_heads / shape.kv_heads,
         shape.page_tokens,
-        tuning.channels_per_lane,
-        tuning.unroll,
         k.prelude("KS"),
         v.prelude("VS")
     )
@@ -206,27 +204,24 @@ pub struct CacheShape {
     pub page_tokens: usize,
 }
 
-/// Kernel tuning: channels per lane and token unroll of the attention kernel.
+/// Kernel tuning: how finely the context is split across blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuning {
-    /// Channels each lane decodes per token (8 or 16).
-    pub channels_per_lane: usize,
-    /// Tokens per lane loaded before the softmax update.
-    pub unroll: usize,
+    /// Attention blocks (4 warps each) to launch per multiprocessor; the context of each
+    /// sequence is split until the grid has about this many per multiprocessor.
+    pub blocks_per_sm: usize,
 }
 
 impl Default for Tuning {
     fn default() -> Self {
-        Self {
-            channels_per_lane: 8,
-            unroll: 2,
-        }
+        Self { blocks_per_sm: 8 }
     }
 }
 
 /// Compiled kernels for one scheme (K and V layouts) and cache shape.
 pub struct PagedKernels {
     shape: CacheShape,
+    tuning: Tuning,
     k: RoleLayout,
     v: RoleLayout,
     /// Π of rotated keys, or the identity: the query's preparation matrix.
@@ -276,12 +271,24 @@ impl PagedKernels {
             "page_tokens must be a multiple of the codecs' block tokens"
         );
         ensure!(
-            matches!(tuning.channels_per_lane, 8 | 16) && head_dim / tuning.channels_per_lane <= 32,
-            "channels per lane must be 8 or 16 with at most 32 lanes per token"
+            q_heads / kv_heads <= 8,
+            "the tensor-core kernel takes at most 8 query heads per KV head"
         );
-        let module = gpu
-            .ctx
-            .load_module(compile(&prelude(shape, &k, &v, tuning))?)?;
+        ensure!(
+            head_dim.is_multiple_of(64),
+            "the tensor-core kernel needs head_dim a multiple of 64"
+        );
+        ensure!(
+            page_tokens.is_multiple_of(16),
+            "page_tokens must be a multiple of 16"
+        );
+        ensure!(tuning.blocks_per_sm > 0, "blocks_per_sm must be positive");
+        let head_bytes = |l: &RoleLayout| page_tokens / l.block_tokens() * l.block_bytes();
+        ensure!(
+            head_bytes(&k).is_multiple_of(16) && head_bytes(&v).is_multiple_of(16),
+            "each head's run of blocks in a page must be a multiple of 16 bytes (aligned loads)"
+        );
+        let module = gpu.ctx.load_module(compile(&prelude(shape, &k, &v))?)?;
         let rot = |l: &RoleLayout| -> Result<Option<CudaSlice<f32>>> {
             Ok(match l.rotation() {
                 Some(r) => Some(gpu.stream.clone_htod(r)?),
@@ -298,6 +305,7 @@ impl PagedKernels {
         };
         Ok(Self {
             shape,
+            tuning,
             q_mat,
             k_rot: rot(&k)?,
             v_rot: rot(&v)?,
@@ -419,7 +427,8 @@ impl PagedKernels {
     }
 
     /// Scratch for `batch` sequences of up to `max_ctx` tokens on a device with `sms`
-    /// multiprocessors: the context is split so that about 8 blocks per multiprocessor run.
+    /// multiprocessors: the context is split so that about `blocks_per_sm` blocks per
+    /// multiprocessor run.
     pub fn scratch(
         &self,
         gpu: &Gpu,
@@ -428,7 +437,9 @@ impl PagedKernels {
         sms: usize,
     ) -> Result<AttnScratch> {
         let s = self.shape;
-        let wanted = (8 * sms).div_ceil(batch * s.kv_heads).max(1);
+        let wanted = (self.tuning.blocks_per_sm * sms)
+            .div_ceil(batch * s.kv_heads)
+            .max(1);
         let split_tokens = max_ctx.div_ceil(wanted).next_multiple_of(64).max(64);
         let splits = max_ctx.div_ceil(split_tokens).max(1);
         let rows = batch * s.q_heads;
