@@ -18,25 +18,14 @@ type HeadRows = (Vec<Vec<f32>>, Vec<Vec<f32>>);
 fn decoded(view: &LayerView) -> Vec<(usize, HeadRows)> {
     let mut by_pos: std::collections::BTreeMap<usize, HeadRows> = Default::default();
     for span in &view.spans {
-        let (kc, vc) = if span.compressed() {
-            (view.k_codec, view.v_codec)
-        } else {
-            (view.full_codec, view.full_codec)
-        };
         for h in 0..view.kv_heads {
-            for (codec, bytes, is_key) in [(kc, span.keys(h), true), (vc, span.values(h), false)] {
-                let mut rows = vec![0f32; span.tokens * D];
-                let bt = codec.block_tokens();
-                for (b, block) in bytes.chunks_exact(codec.block_bytes()).enumerate() {
-                    codec.decode(block, &mut rows[b * bt * D..(b + 1) * bt * D]);
-                }
-                for t in 0..span.tokens {
-                    let e = by_pos
-                        .entry(span.first_pos + t)
-                        .or_insert_with(|| (vec![vec![]; KV_HEADS], vec![vec![]; KV_HEADS]));
-                    let dst = if is_key { &mut e.0[h] } else { &mut e.1[h] };
-                    *dst = rows[t * D..(t + 1) * D].to_vec();
-                }
+            let (k, v) = view.decode_span(span, h);
+            for t in 0..span.tokens {
+                let e = by_pos
+                    .entry(span.first_pos + t)
+                    .or_insert_with(|| (vec![vec![]; KV_HEADS], vec![vec![]; KV_HEADS]));
+                e.0[h] = k[t * D..(t + 1) * D].to_vec();
+                e.1[h] = v[t * D..(t + 1) * D].to_vec();
             }
         }
     }

@@ -119,6 +119,34 @@ pub struct LayerView<'a> {
     pub spans: Vec<RowSpan<'a>>,
 }
 
+impl LayerView<'_> {
+    /// The rows of KV head `head` in `span`, decoded: (keys, values), each
+    /// `span.tokens × head_dim` values. For inspection, calibration and tests; attention reads
+    /// the encoded bytes directly.
+    pub fn decode_span(&self, span: &RowSpan, head: usize) -> (Vec<f32>, Vec<f32>) {
+        let (k_codec, v_codec) = if span.compressed() {
+            (self.k_codec, self.v_codec)
+        } else {
+            (self.full_codec, self.full_codec)
+        };
+        let decode = |codec: &dyn Codec, bytes: &[u8]| {
+            let rows = codec.block_tokens() * self.head_dim;
+            let mut out = vec![0f32; span.tokens * self.head_dim];
+            for (block, dst) in bytes
+                .chunks_exact(codec.block_bytes())
+                .zip(out.chunks_exact_mut(rows))
+            {
+                codec.decode(block, dst);
+            }
+            out
+        };
+        (
+            decode(k_codec, span.keys(head)),
+            decode(v_codec, span.values(head)),
+        )
+    }
+}
+
 /// One layer's pool of pages and its codecs.
 pub struct LayerPool {
     shape: LayerShape,

@@ -51,26 +51,15 @@ fn decoded(view: &LayerView) -> Vec<(usize, usize, Vec<f32>, Vec<f32>)> {
     let d = view.head_dim;
     let mut out = Vec::new();
     for span in &view.spans {
-        let (kc, vc) = if span.compressed() {
-            (view.k_codec, view.v_codec)
-        } else {
-            (view.full_codec, view.full_codec)
-        };
         for h in 0..view.kv_heads {
-            let mut k = vec![0f32; span.tokens * d];
-            let mut v = vec![0f32; span.tokens * d];
-            for (codec, bytes, dst) in [(kc, span.keys(h), &mut k), (vc, span.values(h), &mut v)] {
-                let bt = codec.block_tokens();
-                for (b, block) in bytes.chunks_exact(codec.block_bytes()).enumerate() {
-                    codec.decode(block, &mut dst[b * bt * d..(b + 1) * bt * d]);
-                }
-            }
+            let (k, v) = view.decode_span(span, h);
             for t in 0..span.tokens {
+                let row = t * d..(t + 1) * d;
                 out.push((
                     span.first_pos + t,
                     h,
-                    k[t * d..(t + 1) * d].to_vec(),
-                    v[t * d..(t + 1) * d].to_vec(),
+                    k[row.clone()].to_vec(),
+                    v[row].to_vec(),
                 ));
             }
         }
