@@ -1,9 +1,13 @@
 //! Offline profiling (`kvq calibrate`): the model runs over chunks of calibration text with an
 //! f32 cache, the stored K and V rows are read back per layer, and per layer and role this
 //! records Oaken's four thresholds (quantiles 2/47/53/98% of the layer's values, averaged over
-//! samples as in Oaken's `oaken_preprocess_activation.py`), per-channel RMS and absolute maximum,
-//! FP8 E4M3 scales (per tensor and per KV head) and the channels ranked by RMS (TurboQuant's
+//! samples as in Oaken's `oaken_preprocess_activation.py`), per-channel mean, RMS and absolute
+//! maximum, FP8 E4M3 scales (per tensor and per KV head) and the channels ranked by RMS (TurboQuant's
 //! outlier channels). Keys are read after RoPE, as the cache stores them.
+//!
+//! Profiles written before the channel means were recorded still read (same version, the
+//! checksum covers the content as stored): their `channel_mean` is empty, and codecs that need
+//! means (channel normalization) report it missing.
 
 use crate::file::{self, FileError};
 use crate::identity::ModelIdentity;
@@ -31,6 +35,10 @@ pub struct RoleProfile {
     pub channel_rms: Vec<f32>,
     /// Largest absolute value of each channel.
     pub channel_absmax: Vec<f32>,
+    /// Mean of each channel (`head_dim`), over every token and KV head; empty in profiles
+    /// written before it was recorded.
+    #[serde(default)]
+    pub channel_mean: Vec<f32>,
     /// FP8 E4M3 scale of the whole tensor (real value per FP8 unit: absmax / 448).
     pub fp8_scale: f32,
     /// FP8 E4M3 scale of each KV head.
@@ -81,6 +89,8 @@ impl RoleProfile {
                     .collect(),
             ),
             outlier_channels: Some(self.outlier_channels.clone()),
+            channel_means: (!self.channel_mean.is_empty()).then(|| self.channel_mean.clone()),
+            channel_norm: false,
         }
     }
 
@@ -95,6 +105,12 @@ impl RoleProfile {
         let positive = |v: f32| v.is_finite() && v > 0.0;
         if self.channel_rms.len() != head_dim || self.channel_absmax.len() != head_dim {
             return Err(format!("channel statistics are not {head_dim} long"));
+        }
+        if !self.channel_mean.is_empty() && self.channel_mean.len() != head_dim {
+            return Err(format!("channel means are not {head_dim} long"));
+        }
+        if self.channel_mean.iter().any(|v| !v.is_finite()) {
+            return Err("channel means must be finite".into());
         }
         if self.fp8_head_scales.len() != kv_heads {
             return Err(format!("FP8 head scales are not {kv_heads} long"));
@@ -158,6 +174,7 @@ pub type LayerRows = (Vec<f32>, Vec<f32>);
 #[derive(Clone, Debug)]
 struct RoleStats {
     thresholds: [f64; 4],
+    sum: Vec<f64>,
     sum_sq: Vec<f64>,
     count: usize,
     channel_absmax: Vec<f32>,
@@ -168,6 +185,7 @@ impl RoleStats {
     fn new(kv_heads: usize, head_dim: usize) -> Self {
         Self {
             thresholds: [0.0; 4],
+            sum: vec![0.0; head_dim],
             sum_sq: vec![0.0; head_dim],
             count: 0,
             channel_absmax: vec![0.0; head_dim],
@@ -181,6 +199,7 @@ impl RoleStats {
         for (h, head_rows) in rows.chunks_exact(rows.len() / heads).enumerate() {
             for row in head_rows.chunks_exact(d) {
                 for (c, &x) in row.iter().enumerate() {
+                    self.sum[c] += f64::from(x);
                     self.sum_sq[c] += f64::from(x) * f64::from(x);
                     self.channel_absmax[c] = self.channel_absmax[c].max(x.abs());
                     self.head_absmax[h] = self.head_absmax[h].max(x.abs());
@@ -199,10 +218,11 @@ impl RoleStats {
     }
 
     fn profile(&self, samples: usize) -> RoleProfile {
+        let count = self.count.max(1) as f64;
         let rms: Vec<f32> = self
             .sum_sq
             .iter()
-            .map(|s| (s / self.count.max(1) as f64).sqrt() as f32)
+            .map(|s| (s / count).sqrt() as f32)
             .collect();
         let mut ranked: Vec<usize> = (0..rms.len()).collect();
         ranked.sort_by(|&a, &b| rms[b].total_cmp(&rms[a]).then(a.cmp(&b)));
@@ -212,6 +232,7 @@ impl RoleStats {
             oaken: self.thresholds.map(|s| (s / samples as f64) as f32),
             channel_rms: rms,
             channel_absmax: self.channel_absmax.clone(),
+            channel_mean: self.sum.iter().map(|s| (s / count) as f32).collect(),
             fp8_scale: fp8(self.head_absmax.iter().copied().fold(0.0, f32::max)),
             fp8_head_scales: self.head_absmax.iter().map(|&a| fp8(a)).collect(),
             outlier_channels: ranked,

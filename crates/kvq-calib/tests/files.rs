@@ -183,3 +183,57 @@ fn threshold_convergence_rule() {
     let (a, b) = (profile(1), profile(1));
     assert_eq!(threshold_change(&a, &b), 0.0);
 }
+
+/// The profile records each channel's mean, and the calibration carries it as channel means.
+#[test]
+fn profile_records_channel_means() {
+    let p = profile(2);
+    let mut sum = [0f64; DIM];
+    for s in 0..2 {
+        for row in rows(8, s).chunks_exact(DIM) {
+            for (c, &x) in row.iter().enumerate() {
+                sum[c] += f64::from(x);
+            }
+        }
+    }
+    let tokens = (2 * HEADS * 8) as f64;
+    for (c, &m) in p.layers[0].k.channel_mean.iter().enumerate() {
+        assert!((f64::from(m) - sum[c] / tokens).abs() < 1e-5, "channel {c}");
+    }
+    let cal = p.calibration();
+    assert_eq!(
+        cal[0].0.channel_means.as_ref(),
+        Some(&p.layers[0].k.channel_mean)
+    );
+    assert!(
+        !cal[0].0.channel_norm,
+        "normalization is the caller's choice"
+    );
+}
+
+/// A profile written before channel means were recorded still reads (same version, valid
+/// checksum) and simply carries no means; means of the wrong length are refused.
+#[test]
+fn profile_without_channel_means_still_reads() {
+    let p = profile(2);
+    let mut content = serde_json::to_value(&p).unwrap();
+    for layer in content["layers"].as_array_mut().unwrap() {
+        for role in ["k", "v"] {
+            layer[role].as_object_mut().unwrap().remove("channel_mean");
+        }
+    }
+    let text = kvq_calib::file::write(
+        kvq_calib::profile::FORMAT,
+        kvq_calib::profile::VERSION,
+        &identity(),
+        &content,
+    );
+    let old = Profile::from_file(&text, &identity()).expect("old profile reads");
+    assert!(old.layers[1].v.channel_mean.is_empty());
+    assert_eq!(old.calibration()[1].0.channel_means, None);
+
+    let mut short = p.clone();
+    short.layers[2].k.channel_mean.pop();
+    let err = Profile::from_file(&short.to_file(&identity()), &identity()).unwrap_err();
+    assert!(err.to_string().contains("channel means"), "{err}");
+}

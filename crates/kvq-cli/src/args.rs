@@ -134,6 +134,11 @@ pub struct CacheArgs {
     pub kv_policy: Option<PathBuf>,
     #[command(flatten)]
     pub profile: ProfileArgs,
+    /// Normalize key channels before quantizing: keys are stored as (k − mean) / std per
+    /// channel, with the profile's channel means and spreads (same bits per element; not for
+    /// oaken; needs --profile)
+    #[arg(long)]
+    pub key_norm: bool,
     /// Newest tokens kept in 16-bit floats before they are quantized [default: 128 for kivi2/kivi4, else 0]
     #[arg(long, value_name = "TOKENS")]
     pub hot_window: Option<usize>,
@@ -170,8 +175,23 @@ impl CacheArgs {
         };
         let calibration = match self.profile.profile {
             Some(_) => Some(self.profile.calibration(0)?),
+            None if self.key_norm => bail!(
+                "--key-norm needs --profile: the channel means and spreads come from `kvq calibrate`"
+            ),
             None => None,
         };
+        let calibration = calibration.map(|layers| {
+            layers
+                .into_iter()
+                .map(|(k, v)| {
+                    let k = Calibration {
+                        channel_norm: self.key_norm,
+                        ..k
+                    };
+                    (k, v)
+                })
+                .collect()
+        });
         Ok(self.files.get_or_init(|| CacheFiles {
             policy,
             calibration,

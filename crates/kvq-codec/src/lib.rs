@@ -23,6 +23,7 @@ pub mod fp8;
 pub mod ggml;
 pub mod kivi;
 pub mod lloyd_max;
+pub mod normalized;
 pub mod oaken;
 pub mod registry;
 pub mod rotation;
@@ -54,6 +55,14 @@ pub struct Calibration {
     pub channel_scales: Option<Vec<f32>>,
     /// Channels that carry outliers, most extreme first (TurboQuant's fractional rates).
     pub outlier_channels: Option<Vec<usize>>,
+    /// Mean of each channel (length `head_dim`), the fixed offset that
+    /// [`normalized::ChannelNorm`] subtracts before quantizing.
+    pub channel_means: Option<Vec<f32>>,
+    /// Asks [`build_codec`] to wrap the codec in [`normalized::ChannelNorm`] (centering by
+    /// `channel_means`, scaling by the channels' standard deviation from `channel_scales` and
+    /// `channel_means`). Set by the caller, not by a profile: `kvq --key-norm` sets it on the
+    /// key side only.
+    pub channel_norm: bool,
 }
 
 /// Oaken's per-layer thresholds on signed values: `lo_outer < lo_inner < hi_inner < hi_outer`.

@@ -209,7 +209,44 @@ impl std::fmt::Display for KvSpec {
 
 /// Builds the codec for `kind` at `head_dim` in `role`. `seed` fixes the random rotations of
 /// TurboQuant; `calibration` feeds the schemes that use offline statistics.
+///
+/// With [`Calibration::channel_norm`], a quantized scheme is wrapped in
+/// [`normalized::ChannelNorm`](crate::normalized::ChannelNorm): the inner codec sees centered,
+/// unit-spread channels, so it is built without the statistics of raw values (channel scales,
+/// FP8 scale); Oaken, whose thresholds are quantiles of raw values, refuses it, and 16/32-bit
+/// floats are left unwrapped (they gain nothing).
 pub fn build_codec(
+    kind: SchemeKind,
+    role: Role,
+    head_dim: usize,
+    calibration: &Calibration,
+    seed: u64,
+) -> Result<Box<dyn Codec>, CodecError> {
+    if !calibration.channel_norm || kind.is_full_precision() {
+        return build_plain(kind, role, head_dim, calibration, seed);
+    }
+    if kind == SchemeKind::Oaken {
+        return Err(CodecError::InvalidCalibration {
+            scheme: kind.name(),
+            why: "channel normalization does not apply: Oaken's thresholds are quantiles of raw \
+                  values"
+                .into(),
+        });
+    }
+    let (means, scales) =
+        crate::normalized::ChannelNorm::statistics(calibration, head_dim, &kind.name())?;
+    let inner = Calibration {
+        outlier_channels: calibration.outlier_channels.clone(),
+        ..Default::default()
+    };
+    let inner = build_plain(kind, role, head_dim, &inner, seed)?;
+    Ok(Box::new(crate::normalized::ChannelNorm::new(
+        inner, means, scales,
+    )?))
+}
+
+/// [`build_codec`] without channel normalization.
+fn build_plain(
     kind: SchemeKind,
     role: Role,
     head_dim: usize,
