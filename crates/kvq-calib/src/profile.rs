@@ -324,27 +324,13 @@ fn stored_rows(cache: &KvCache, seq: kvq_cache::SeqId) -> Result<Vec<LayerRows>,
     (0..cache.layers())
         .map(|layer| {
             let view = cache.view(seq, layer)?;
-            let d = view.head_dim;
             let mut k = Vec::new();
             let mut v = Vec::new();
             for head in 0..view.kv_heads {
                 for span in &view.spans {
-                    let (kc, vc) = if span.compressed() {
-                        (view.k_codec, view.v_codec)
-                    } else {
-                        (view.full_codec, view.full_codec)
-                    };
-                    for (codec, bytes, out) in [
-                        (kc, span.keys(head), &mut k),
-                        (vc, span.values(head), &mut v),
-                    ] {
-                        let rows = codec.block_tokens() * d;
-                        for block in bytes.chunks_exact(codec.block_bytes()) {
-                            let at = out.len();
-                            out.resize(at + rows, 0.0);
-                            codec.decode(block, &mut out[at..]);
-                        }
-                    }
+                    let (ks, vs) = view.decode_span(span, head);
+                    k.extend(ks);
+                    v.extend(vs);
                 }
             }
             Ok((k, v))
