@@ -71,6 +71,23 @@ pub struct BenchOptions {
     pub json: bool,
 }
 
+/// The tunings to time: `KVQ_GPU_TUNINGS` as `blocks_per_sm:min_blocks` pairs separated by
+/// commas (e.g. `8:3,16:3,8:4`), or by default `8:3,16:3`.
+fn tunings_from_env() -> Result<Vec<Tuning>> {
+    let spec = std::env::var("KVQ_GPU_TUNINGS").unwrap_or_else(|_| "8:3,16:3".into());
+    spec.split(',')
+        .map(|p| {
+            let (a, b) = p.split_once(':').ok_or_else(|| {
+                anyhow::anyhow!("KVQ_GPU_TUNINGS: expected bps:min_blocks, got {p}")
+            })?;
+            Ok(Tuning {
+                blocks_per_sm: a.trim().parse()?,
+                min_blocks: b.trim().parse()?,
+            })
+        })
+        .collect()
+}
+
 /// Decode attention over a synthetic paged cache on the GPU, for each scheme, batch, context
 /// and kernel tuning, with the device-copy bandwidth measured in the same run.
 pub fn bench_attention(o: BenchOptions) -> Result<()> {
@@ -91,7 +108,7 @@ pub fn bench_attention(o: BenchOptions) -> Result<()> {
         head_dim: o.head_dim,
         page_tokens,
     };
-    let tunings = [Tuning::default(), Tuning { blocks_per_sm: 16 }];
+    let tunings = tunings_from_env()?;
     let s = gpu.stream().clone();
     let mut rows = Vec::new();
     for spec in &o.specs {
@@ -170,7 +187,7 @@ pub fn bench_attention(o: BenchOptions) -> Result<()> {
                     let gbs = bytes / (ms * 1e-3) / 1e9;
                     rows.push(serde_json::json!({
                         "kv": spec.name(), "batch": batch, "ctx": ctx, "q_heads": o.q_heads, "kv_heads": o.kv_heads,
-                        "head_dim": o.head_dim, "tuning": format!("sm{}", t.blocks_per_sm),
+                        "head_dim": o.head_dim, "tuning": t.label(),
                         "ms": ms, "bytes_read": bytes, "gb_per_s": gbs, "copy_gb_per_s": copy / 1e9,
                         "pct_of_copy": 100.0 * gbs * 1e9 / copy, "device": info.name,
                     }));

@@ -1,6 +1,7 @@
 // kvq-gpu kernels, compiled at run time by NVRTC. Header-free: f16/bf16/fp8 conversions are
 // inline PTX. The Rust side prepends a prelude that defines HD (head_dim), GQ (query heads per KV
-// head, at most 8), PT (tokens per page, a multiple of 16), and the structs KS and VS that
+// head, at most 8), PT (tokens per page, a multiple of 16), MINB (attention blocks resident per
+// multiprocessor, the launch bound), NSTAGE (cp.async ring depth), and the structs KS and VS that
 // describe the key and value layouts (see scheme.rs).
 
 typedef unsigned char u8;
@@ -199,6 +200,166 @@ __device__ __forceinline__ void load8h(const u8* run, int t, int c0, u32* o, con
 
 
 // ---------------------------------------------------------------------------------------------
+// 16-channel decode from the shared-memory staging (version 3). dec16<S> decodes channels
+// c0 .. c0+15 (c0 % 16 == 0) of one token into 8 half2 words; word w holds channels
+// chan16<S>(w, 0) and chan16<S>(w, 1). For q4_0, q8_0, 4-bit per-token integers and 3-bit turbo
+// the bytes are read as aligned 32-bit shared-memory words (32-bit addresses) and re-aligned with
+// funnel shifts, instead of 1–2-byte loads assembled into 64-bit words; the other layouts decode
+// with load8h twice. The ring has 16 spare bytes at its end, so the word after a run may be read.
+
+__device__ __forceinline__ u32 lds32(u32 a) { u32 v; asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a)); return v; }
+__device__ __forceinline__ u32 lds16(u32 a) { u16 v; asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(a)); return v; }
+
+template <class S>
+struct Fast {
+  enum {
+    Q4 = S::KIND == KIND_Q4_0,
+    Q8 = S::KIND == KIND_Q8_0,
+    U4 = S::KIND == KIND_UNI_TOKEN && S::BITS == 4 && S::GROUP >= 16,
+    T3 = S::KIND == KIND_TURBO && S::B0 == 3 && S::B1 == 3,
+    ON = Q4 || Q8 || U4 || T3
+  };
+};
+
+// Channel (relative to c0) in half e of word w (0..7) of dec16<S>.
+template <class S>
+__device__ __forceinline__ int chan16(int w, int e) {
+  return Fast<S>::Q4 ? 4 * (w / 2) + (w % 2) + 2 * e : 8 * (w / 4) + chan8<S>(w % 4, e);
+}
+// Channel (relative to the run's start) in half e of word w of a run of N channels (decrun<S, N>).
+template <class S, int N>
+__device__ __forceinline__ int chanrun(int w, int e) {
+  return N % 16 == 0 ? 16 * (w / 8) + chan16<S>(w % 8, e) : 8 * (w / 4) + chan8<S>(w % 4, e);
+}
+
+// Words W (≤ 5) from the aligned shared address below a, re-aligned to start at bit `sh` of the
+// first: x[i] = bits [sh + 32·i, sh + 32·i + 32) of the little-endian byte run.
+template <int W>
+__device__ __forceinline__ void lds_run(u32 b, u32 sh, u32* x) {
+  u32 w[W + 1];
+#pragma unroll
+  for (int i = 0; i <= W; i++) w[i] = lds32(b + 4 * i);
+#pragma unroll
+  for (int i = 0; i < W; i++) x[i] = __funnelshift_r(w[i], w[i + 1], sh);
+}
+
+// Fast layouts: `row` is the token's shared-memory address. Others: load8h on (run, t).
+template <class S>
+__device__ __forceinline__ void dec16(const u8* run, u32 row, int t, int c0, u32* o, const u32 (*lut)[32],
+                                      const u32 (*plut)[32]) {
+  if constexpr (Fast<S>::Q4) {
+    const u32 blk = row + (c0 / 32) * 18, a = blk + 2;
+    const u32 d2 = dup16(lds16(blk));
+    u32 x[4];
+    lds_run<4>(a & ~3u, 8 * (a & 3) + 4 * ((c0 / 16) & 1), x);  // high nibbles: 4 bits further
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      o[2 * i] = hmul2(hsub2((x[i] & 0x000F000Fu) | 0x64006400u, 0x64086408u), d2);
+      o[2 * i + 1] = hmul2(hsub2(((x[i] >> 8) & 0x000F000Fu) | 0x64006400u, 0x64086408u), d2);
+    }
+  } else if constexpr (Fast<S>::Q8) {
+    const u32 blk = row + (c0 / 32) * 34, a = blk + 2 + (c0 % 32);
+    const u32 d2 = dup16(lds16(blk));
+    u32 x[4];
+    lds_run<4>(a & ~3u, 8 * (a & 3), x);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const u32 y = x[i] ^ 0x80808080u;
+      o[2 * i] = hmul2(hsub2(prmt(y, 0x64646464u, 0x4140), 0x64806480u), d2);
+      o[2 * i + 1] = hmul2(hsub2(prmt(y, 0x64646464u, 0x4342), 0x64806480u), d2);
+    }
+  } else if constexpr (Fast<S>::U4) {
+    const int P = S::SYM ? 2 : 4;
+    const u32 par = row + (c0 / S::GROUP) * P, a = row + (HD / S::GROUP) * P + c0 / 2;
+    const u32 s2 = dup16(lds16(par));
+    const u32 m2 = S::SYM ? 0u : dup16(lds16(par + 2));
+    u32 x[2];
+    lds_run<2>(a & ~3u, 8 * (a & 3), x);
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const u32 c = ((x[k] >> (4 * i)) & 0x000F000Fu) | 0x64006400u;
+        if constexpr (S::SYM) o[4 * k + i] = hmul2(hsub2(c, 0x64086408u), s2);
+        else o[4 * k + i] = hfma2(hsub2(c, 0x64006400u), s2, m2);
+      }
+  } else if constexpr (Fast<S>::T3) {
+    // 48 bits of 3-bit codes; pair k (channels 2k, 2k+1) is bits 6k .. 6k+5, looked up in the
+    // pair table (both centroids as one f16 pair).
+    const u32 a = row + 2 + 6 * (c0 / 16);
+    const u32 n2 = dup16(lds16(row));
+    const int lane = threadIdx.x % 32;
+    u32 x[2];
+    lds_run<2>(a & ~3u, 8 * (a & 3), x);
+    const u32 mid = __funnelshift_r(x[0], x[1], 30);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      const u32 code = (k < 5 ? x[0] >> (6 * k) : k == 5 ? mid : x[1] >> (6 * k - 32)) & 63u;
+      o[k] = hmul2(plut[code][lane], n2);
+    }
+  } else {
+    load8h<S>(run, t, c0, o, lut);
+    load8h<S>(run, t, c0 + 8, o + 4, lut);
+  }
+}
+
+// 32 channels c0 .. c0+31 (c0 % 32 == 0) of a q4_0 block or a 4-bit per-token group of ≥ 32:
+// the same words as two dec16 calls, with the scale and the code words loaded once.
+template <class S>
+__device__ __forceinline__ void dec32(u32 row, int c0, u32* o) {
+  u32 x[4], s2, m2 = 0u;
+  if constexpr (Fast<S>::Q4) {
+    const u32 blk = row + (c0 / 32) * 18, a = blk + 2;
+    s2 = dup16(lds16(blk));
+    lds_run<4>(a & ~3u, 8 * (a & 3), x);
+  } else {
+    const int P = S::SYM ? 2 : 4;
+    const u32 par = row + (c0 / S::GROUP) * P, a = row + (HD / S::GROUP) * P + c0 / 2;
+    s2 = dup16(lds16(par));
+    if constexpr (!S::SYM) m2 = dup16(lds16(par + 2));
+    lds_run<4>(a & ~3u, 8 * (a & 3), x);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      u32 c[2];
+      if constexpr (Fast<S>::Q4) {
+        const u32 y = r ? x[i] >> 4 : x[i];  // half r: low / high nibbles of the 16 code bytes
+        c[0] = (y & 0x000F000Fu) | 0x64006400u;
+        c[1] = ((y >> 8) & 0x000F000Fu) | 0x64006400u;
+      } else {
+        const u32 y = x[2 * r + i / 2] >> (8 * (i % 2));  // word 2r + i/2, nibbles i%2·2, +1
+        c[0] = ((y >> 0) & 0x000F000Fu) | 0x64006400u;
+        c[1] = ((y >> 4) & 0x000F000Fu) | 0x64006400u;
+      }
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int w = Fast<S>::Q4 ? 8 * r + 2 * i + e : 8 * r + 4 * (i / 2) + 2 * (i % 2) + e;
+        if constexpr (Fast<S>::Q4 || S::SYM) o[w] = hmul2(hsub2(c[e], Fast<S>::Q4 ? 0x64086408u : dup16(0x6400u | 8u)), s2);
+        else o[w] = hfma2(hsub2(c[e], 0x64006400u), s2, m2);
+      }
+    }
+  }
+}
+
+// Channels c0 .. c0+N−1 of token t: dec32 / dec16 runs when N % 16 == 0, else load8h runs.
+template <class S, int N>
+__device__ __forceinline__ void decrun(const u8* run, u32 run_s, int t, int c0, u32* o, const u32 (*lut)[32],
+                                       const u32 (*plut)[32]) {
+  if constexpr (N % 32 == 0 && (Fast<S>::Q4 || (Fast<S>::U4 && S::GROUP % 32 == 0))) {
+#pragma unroll
+    for (int r = 0; r < N / 32; r++) dec32<S>(run_s + (u32)t * S::BB, c0 + 32 * r, o + 16 * r);
+  } else if constexpr (N % 16 == 0) {
+#pragma unroll
+    for (int r = 0; r < N / 16; r++) dec16<S>(run, run_s + (u32)t * S::BB, t, c0 + 16 * r, o + 8 * r, lut, plut);
+  } else {
+#pragma unroll
+    for (int r = 0; r < N / 8; r++) load8h<S>(run, t, c0 + 8 * r, o + 4 * r, lut);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Encode-on-write. One CUDA block (HD threads, thread = channel) encodes one codec block of one
 // head: rows are [batch][n_tok][n_kv][HD] f32 (token-major, as KvCache::append takes them);
 // grid = (n_tok / BT, n_kv, batch); tokens first_pos .. first_pos + n_tok of each sequence go to
@@ -388,18 +549,23 @@ extern "C" __global__ void encode_v(const float* rows, int n_tok, int first_pos,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Fused paged decode attention on tensor cores, split over the context. grid = (splits, n_kv,
-// batch), 4 warps. Each warp takes 16 tokens at a time (warp w: tokens start + 16·w + 64·i) and
-// runs two mma.sync.m16n8k16 (f16 in, f32 accumulate) products per step:
-//   S (16 rows = the GQ query heads of the group, zero-padded × 16 tokens) = Q · Kᵀ over HD,
-//   O (16 × HD) += P · V,
-// so the arithmetic is on tensor cores and the lanes only decode bytes to f16 pairs. Which
-// channel feeds which MMA position is free (a dot product does not care about the order), so
-// each lane decodes whole runs of channels: for K, lane (n = lane/4, c = lane%4) decodes channels
-// [c·HD/4, (c+1)·HD/4) of two tokens; for V, lane (r = lane/4, c) decodes channels
-// [r·HD/8, (r+1)·HD/8) of the four tokens 4c .. 4c+3 of the step, and tokens are numbered so the
-// S accumulator is P's A fragment as it stands (no shuffles). q is [batch][n_kv·GQ][HD],
-// prepared (rotated for turbo keys) and pre-multiplied by softmax_scale·log2(e). Partials: acc
+// Fused paged decode attention on tensor cores, split over the context (version 3). grid =
+// (splits, n_kv, batch), 4 warps. Each warp takes 16 tokens at a time (warp w: tokens
+// start + 16·w + 64·i) and runs mma.sync.m16n8k16 (f16 in, f32 accumulate) products:
+//   S (16 rows = the GQ query heads, zero-padded; 2 tiles of 8 tokens) = Q · Kᵀ over HD,
+//   Oᵀ (HD rows = channels, 8 columns = query heads) += Vᵀ · Pᵀ over the step's 16 tokens.
+// The second product is transposed so that its B operand (Pᵀ) is the S accumulator as it stands
+// and its output has 8 columns instead of 16 padded rows: HD/16 MMAs and HD/4 accumulator
+// registers per lane instead of HD/8 and HD/2. Token k (0..15) of a step is column k % 8 of
+// S tile k / 8. Which channel feeds which MMA position is free (a dot product does not care
+// about the order), so each lane decodes whole runs of channels: for K, lane (gid = lane/4,
+// tig = lane%4) decodes channels [tig·HD/4, (tig+1)·HD/4) of tokens gid and gid + 8; for V,
+// channels [gid·HD/8, (gid+1)·HD/8) of tokens 2·tig, 2·tig+1, 2·tig+8, 2·tig+9.
+// Compressed layouts are copied into shared memory by cp.async, NSTAGE steps deep per warp
+// (NSTAGE − 1 steps in flight while one is decoded), and the page ids are read one step ahead,
+// so no global load latency sits on a warp's critical path; f16/bf16 rows are read straight from
+// global memory (one 16-byte load per 8 channels). q is [batch][n_kv·GQ][HD], prepared (rotated
+// for turbo keys) and pre-multiplied by softmax_scale·log2(e). Partials: acc
 // [batch][heads][splits][HD] (value space, unnormalised), ml [batch][heads][splits][2]
 // (running max in log2 units, sum).
 
@@ -413,22 +579,28 @@ __device__ __forceinline__ void mma16816(float* d, const u32* a, u32 b0, u32 b1)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Token (0..15 within the step) of key column n (0..7) of score tile `tile` (0 or 1).
-__device__ __forceinline__ int key_token(int tile, int n) { return 4 * (n / 2) + 2 * tile + n % 2; }
+// 16-byte asynchronous copy global → shared (L2 only: the bytes are read once).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  u32 s = (u32)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's committed copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 // Shared-memory staging of one warp step (16 tokens from page token p0, p0 % 16 == 0) of a
 // compressed layout: the rows' bytes, or for channel-wise blocks (32 tokens) the block's
 // per-channel parameters followed by the 16 rows' codes, so that load8h reads the copy with
-// t = 0 .. 15. f16/bf16 rows are read straight from global memory (one 16-byte load per 8
-// channels already).
+// t = 0 .. 15. f16/bf16 rows are not staged. The Rust side (RoleLayout::stage_bytes) computes
+// the same sizes for the dynamic shared memory.
 template <class S>
 struct Stage {
   enum {
     ON = S::KIND != KIND_F16 && S::KIND != KIND_BF16,
     PAR = S::KIND == KIND_UNI_CHANNEL ? HD * (S::SYM ? 2 : 4) : 0,
     ROW = S::KIND == KIND_UNI_CHANNEL ? HD * S::BITS / 8 : S::BB,
-    CHUNKS = (PAR + 16 * ROW) / 16,
-    PER_LANE = (CHUNKS + 31) / 32
+    CHUNKS = ON ? (PAR + 16 * ROW) / 16 : 0
   };
   // 16-byte chunk i of the step's bytes in the head's run of blocks `run`.
   static __device__ __forceinline__ const uint4* src(const u8* run, int p0, int i) {
@@ -442,7 +614,7 @@ struct Stage {
   }
 };
 
-extern "C" __global__ void __launch_bounds__(128) attn_partial(
+extern "C" __global__ void __launch_bounds__(128, MINB) attn_partial(
     const u8* __restrict__ pool, u64 page_bytes, u64 k_head_bytes, u64 v_head_bytes, int n_kv,
     const int* __restrict__ block_table, int max_pages, const int* __restrict__ seq_lens,
     const float* __restrict__ q, float* __restrict__ part_acc, float* __restrict__ part_ml,
@@ -453,115 +625,149 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
   const int start = split * split_tokens;
   const int end = min(len, start + split_tokens);
   constexpr int KCH = HD / 4, VCH = HD / 8;  // channels a lane decodes per K / V token
-  constexpr int KG = KCH / 8, VG = VCH / 8;  // in groups of 8
+  constexpr int MT = HD / 16;                // m-tiles of Oᵀ
 
   // Turbo codebooks as f16, one copy per lane (conflict-free lookups): [role][code][lane].
+  // Not needed where every run of a 3-bit turbo role decodes through the pair tables.
+  constexpr bool NEED_LUT = (KS::KIND == KIND_TURBO && !(Fast<KS>::T3 && KCH % 16 == 0)) ||
+                            (VS::KIND == KIND_TURBO && !(Fast<VS>::T3 && VCH % 16 == 0));
   __shared__ u32 lut[2][32][32];
-  if constexpr (KS::KIND == KIND_TURBO || VS::KIND == KIND_TURBO) {
+  if constexpr (NEED_LUT) {
     for (int i = tid; i < 2 * 32 * 32; i += 128) {
       int role = i / 1024, e = (i / 32) % 32;
       float x = role == 0 ? (e < 16 ? KS::lut0(e) : KS::lut1(e - 16)) : (e < 16 ? VS::lut0(e) : VS::lut1(e - 16));
       lut[role][e][i % 32] = f2h32(x);
     }
-    __syncthreads();
   }
+  // 3-bit turbo: pair tables [role][c1·8 + c0][lane] = {centroid c0, centroid c1} as f16.
+  __shared__ u32 plut[2][64][32];
+  if constexpr (Fast<KS>::T3 || Fast<VS>::T3) {
+    for (int i = tid; i < 2 * 64 * 32; i += 128) {
+      int role = i / 2048, e = (i / 32) % 64;
+      float lo = role == 0 ? KS::lut0(e & 7) : VS::lut0(e & 7), hi = role == 0 ? KS::lut0(e >> 3) : VS::lut0(e >> 3);
+      plut[role][e][i % 32] = f2h32(lo) | (f2h32(hi) << 16);
+    }
+  }
+  if constexpr (KS::KIND == KIND_TURBO || VS::KIND == KIND_TURBO) __syncthreads();
 
-  // Q as the A fragment of S = Q·Kᵀ: k-chunk kc holds, for row gid, K word (kc%2)·2 (+1) of
-  // channel group kc/2 of the lane with this tig. Rows ≥ GQ (and rows 8..15) are zero.
-  u32 qa[HD / 16][4];
+  // Q as the A fragment of S = Q·Kᵀ: k-chunk kc holds, for row gid, K words 2·kc and 2·kc+1
+  // of the lane with this tig. Rows ≥ GQ (and rows 8..15) are zero.
+  u32 qa[HD / 16][2];
   const float* qrow = q + ((u64)b * n_kv * GQ + h * GQ + min(gid, GQ - 1)) * HD + tig * KCH;
 #pragma unroll
   for (int kc = 0; kc < HD / 16; kc++) {
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-      int wi = (kc % 2) * 2 + half, base = (kc / 2) * 8;
-      u32 v = pack2f(qrow[base + chan8<KS>(wi, 0)], qrow[base + chan8<KS>(wi, 1)]);
-      qa[kc][2 * half] = gid < GQ ? v : 0u;
+      const int w = 2 * kc + half;
+      u32 v = pack2f(qrow[chanrun<KS, KCH>(w, 0)], qrow[chanrun<KS, KCH>(w, 1)]);
+      qa[kc][half] = gid < GQ ? v : 0u;
     }
-    qa[kc][1] = 0u; qa[kc][3] = 0u;
   }
 
-  float oacc[HD / 8][4];
+  // Oᵀ accumulators: m-tile mt = word mt of this lane's V run; [0], [1]: channel
+  // chanrun(mt, 0), heads 2·tig, 2·tig+1; [2], [3]: channel chanrun(mt, 1).
+  float oacc[MT][4];
 #pragma unroll
-  for (int nt = 0; nt < HD / 8; nt++) oacc[nt][0] = oacc[nt][1] = oacc[nt][2] = oacc[nt][3] = 0.0f;
+  for (int mt = 0; mt < MT; mt++) oacc[mt][0] = oacc[mt][1] = oacc[mt][2] = oacc[mt][3] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   const int* table = block_table + (u64)b * max_pages;
   const u64 v_region = (u64)n_kv * k_head_bytes + (u64)h * v_head_bytes;
 
-  // Compressed layouts: each warp copies its step's K and V bytes into shared memory with 16-byte
-  // loads (coalesced, the next step's already in flight in registers) and decodes from there.
-  __shared__ uint4 kst[WARPS][Stage<KS>::ON ? Stage<KS>::CHUNKS : 1];
-  __shared__ uint4 vst[WARPS][Stage<VS>::ON ? Stage<VS>::CHUNKS : 1];
-  uint4 kreg[Stage<KS>::ON ? Stage<KS>::PER_LANE : 1], vreg[Stage<VS>::ON ? Stage<VS>::PER_LANE : 1];
-  auto fetch = [&](int t) {
-    const u8* pg = pool + (u64)table[t / PT] * page_bytes;
-    if constexpr (Stage<KS>::ON) {
+  constexpr int KCK = Stage<KS>::CHUNKS, VCK = Stage<VS>::CHUNKS, SLOT = KCK + VCK;
+  static_assert(NSTAGE >= 2, "at least two stages");
+  extern __shared__ uint4 ring[];  // [WARPS][NSTAGE][SLOT] + 16 spare bytes (dynamic; empty without staging)
+  const int first = start + 16 * warp;
+  const int nsteps = first < end ? (end - first + 16 * WARPS - 1) / (16 * WARPS) : 0;
+  // Starts the copy of step j (page id pid) into its ring slot.
+  auto issue = [&](int j, int pid) {
+    const int t = first + 16 * WARPS * j;
+    const u8* pg = pool + (u64)pid * page_bytes;
+    uint4* slot = ring + (warp * NSTAGE + j % NSTAGE) * SLOT;
 #pragma unroll
-      for (int r = 0; r < Stage<KS>::PER_LANE; r++)
-        if (lane + 32 * r < Stage<KS>::CHUNKS) kreg[r] = *Stage<KS>::src(pg + (u64)h * k_head_bytes, t % PT, lane + 32 * r);
-    }
-    if constexpr (Stage<VS>::ON) {
+    for (int r = 0; r < (KCK + 31) / 32; r++)
+      if (lane + 32 * r < KCK) cp_async16(slot + lane + 32 * r, Stage<KS>::src(pg + (u64)h * k_head_bytes, t % PT, lane + 32 * r));
 #pragma unroll
-      for (int r = 0; r < Stage<VS>::PER_LANE; r++)
-        if (lane + 32 * r < Stage<VS>::CHUNKS) vreg[r] = *Stage<VS>::src(pg + v_region, t % PT, lane + 32 * r);
-    }
+    for (int r = 0; r < (VCK + 31) / 32; r++)
+      if (lane + 32 * r < VCK) cp_async16(slot + KCK + lane + 32 * r, Stage<VS>::src(pg + v_region, t % PT, lane + 32 * r));
   };
-  if (start + 16 * warp < end) fetch(start + 16 * warp);
-
-  for (int t0 = start + 16 * warp; t0 < end; t0 += 16 * WARPS) {
-    const u8* page = pool + (u64)table[t0 / PT] * page_bytes;  // PT % 16 == 0: one page per step
-    const int p0 = t0 % PT;
-    if constexpr (Stage<KS>::ON || Stage<VS>::ON) {
-      __syncwarp();
+  int pnext = 0;  // staged: page id of step i + NSTAGE − 1; unstaged: of step i
+  if constexpr (SLOT > 0) {
 #pragma unroll
-      for (int r = 0; r < Stage<KS>::PER_LANE; r++)
-        if (Stage<KS>::ON && lane + 32 * r < Stage<KS>::CHUNKS) kst[warp][lane + 32 * r] = kreg[r];
-#pragma unroll
-      for (int r = 0; r < Stage<VS>::PER_LANE; r++)
-        if (Stage<VS>::ON && lane + 32 * r < Stage<VS>::CHUNKS) vst[warp][lane + 32 * r] = vreg[r];
-      __syncwarp();
-      if (t0 + 16 * WARPS < end) fetch(t0 + 16 * WARPS);
+    for (int j = 0; j < NSTAGE - 1; j++) {
+      if (j < nsteps) issue(j, table[(first + 16 * WARPS * j) / PT]);
+      cp_commit();
     }
-    const u8* krun = Stage<KS>::ON ? (const u8*)kst[warp] : page + (u64)h * k_head_bytes;
-    const u8* vrun = Stage<VS>::ON ? (const u8*)vst[warp] : page + v_region;
-    const int kp = Stage<KS>::ON ? 0 : p0, vp = Stage<VS>::ON ? 0 : p0;
-    // Keys: tokens key_token(0, gid) and key_token(1, gid), channels tig·KCH ...
-    u32 kw[2][KG][4];
+    if (NSTAGE - 1 < nsteps) pnext = table[(first + 16 * WARPS * (NSTAGE - 1)) / PT];
+  } else {
+    if (nsteps > 0) pnext = table[first / PT];
+  }
+
+  for (int i = 0; i < nsteps; i++) {
+    const int t0 = first + 16 * WARPS * i;
+    const u8* krun;
+    const u8* vrun;
+    u32 krun_s, vrun_s;
+    int kp = 0, vp = 0;
+    if constexpr (SLOT > 0) {
+      cp_wait<NSTAGE - 2>();  // this lane's copies of step i have landed
+      __syncwarp();           // ... and every lane's; slot (i − 1) % NSTAGE is free again
+      if (i + NSTAGE - 1 < nsteps) issue(i + NSTAGE - 1, pnext);
+      cp_commit();
+      if (i + NSTAGE < nsteps) pnext = table[(first + 16 * WARPS * (i + NSTAGE)) / PT];
+    }
+    {
+      // Unstaged: this step's page (a staged layout beside an unstaged one reads it here).
+      const int pid = SLOT == 0 ? pnext : (Stage<KS>::ON && Stage<VS>::ON ? 0 : table[t0 / PT]);
+      const u8* page = pool + (u64)pid * page_bytes;
+      const uint4* slot = ring + (warp * NSTAGE + i % NSTAGE) * SLOT;
+      krun = Stage<KS>::ON ? (const u8*)slot : page + (u64)h * k_head_bytes;
+      vrun = Stage<VS>::ON ? (const u8*)(slot + KCK) : page + v_region;
+      krun_s = (u32)__cvta_generic_to_shared(slot);
+      vrun_s = krun_s + 16 * KCK;
+      if (!Stage<KS>::ON) kp = t0 % PT;
+      if (!Stage<VS>::ON) vp = t0 % PT;
+      if constexpr (SLOT == 0) {
+        if (i + 1 < nsteps) pnext = table[(t0 + 16 * WARPS) / PT];
+      }
+    }
+    // Keys: tokens gid and gid + 8, channels tig·KCH ...
+    u32 kw[2][KCH / 2];
 #pragma unroll
     for (int tile = 0; tile < 2; tile++) {
-      int tk = key_token(tile, gid);
+      int tk = 8 * tile + gid;
       int tt = kp + (t0 + tk < end ? tk : 0);
-#pragma unroll
-      for (int j = 0; j < KG; j++) load8h<KS>(krun, tt, tig * KCH + 8 * j, kw[tile][j], lut[0]);
+      decrun<KS, KCH>(krun, krun_s, tt, tig * KCH, kw[tile], lut[0], plut[0]);
     }
-    // Values: tokens 4·tig .. 4·tig+3, channels gid·VCH ...
-    u32 vw[4][VG][4];
+    // Values: tokens 2·tig + (u & 1) + 8·(u / 2), channels gid·VCH ...
+    u32 vw[4][VCH / 2];
 #pragma unroll
     for (int u = 0; u < 4; u++) {
-      int tv = 4 * tig + u;
+      int tv = 2 * tig + (u & 1) + 8 * (u / 2);
       int tt = vp + (t0 + tv < end ? tv : 0);
-#pragma unroll
-      for (int j = 0; j < VG; j++) load8h<VS>(vrun, tt, gid * VCH + 8 * j, vw[u][j], lut[1]);
+      decrun<VS, VCH>(vrun, vrun_s, tt, gid * VCH, vw[u], lut[1], plut[1]);
     }
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-    for (int tile = 0; tile < 2; tile++)
+    for (int kc = 0; kc < HD / 16; kc++)
 #pragma unroll
-      for (int kc = 0; kc < HD / 16; kc++)
-        mma16816(s[tile], qa[kc], kw[tile][kc / 2][(kc % 2) * 2], kw[tile][kc / 2][(kc % 2) * 2 + 1]);
-    // Row gid holds tokens key_token(tile, 2·tig + e) = 4·tig + 2·tile + e.
+      for (int tile = 0; tile < 2; tile++) {
+        const u32 a[4] = {qa[kc][0], 0u, qa[kc][1], 0u};
+        mma16816(s[tile], a, kw[tile][2 * kc], kw[tile][2 * kc + 1]);
+      }
+    // Row gid (head gid) holds tokens 8·tile + 2·tig + e.
     float mx = -INFINITY;
 #pragma unroll
     for (int tile = 0; tile < 2; tile++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
-        if (t0 + 4 * tig + 2 * tile + e >= end) s[tile][e] = -INFINITY;
+        if (t0 + 8 * tile + 2 * tig + e >= end) s[tile][e] = -INFINITY;
         mx = fmaxf(mx, s[tile][e]);
       }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float mn = fmaxf(m, mx);
     const float corr = exp2f(m - mn);
+    const bool grew = __any_sync(0xffffffffu, mn > m);  // else every correction is 1
     m = mn;
     float p[2][2];
 #pragma unroll
@@ -569,32 +775,40 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
 #pragma unroll
       for (int e = 0; e < 2; e++) p[tile][e] = exp2f(s[tile][e] - mn);
     l = l * corr + (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
-    const u32 pa[4] = {pack2f(p[0][0], p[0][1]), 0u, pack2f(p[1][0], p[1][1]), 0u};
+    // Pᵀ as the B fragment: tokens 2·tig, 2·tig+1 (tile 0) and 2·tig+8, 2·tig+9 (tile 1), head gid.
+    const u32 pb0 = pack2f(p[0][0], p[0][1]), pb1 = pack2f(p[1][0], p[1][1]);
+    // The Oᵀ columns of this lane are heads 2·tig and 2·tig+1: their corrections live in lanes
+    // 8·tig and 8·tig + 4.
+    if (grew) {
+      const float c0 = __shfl_sync(0xffffffffu, corr, 8 * tig), c1 = __shfl_sync(0xffffffffu, corr, 8 * tig + 4);
 #pragma unroll
-    for (int nt = 0; nt < HD / 8; nt++) {
-      oacc[nt][0] *= corr; oacc[nt][1] *= corr;
-      // n-tile nt, column gid: channel gid·VCH + 8·(nt/8) + chan8(word (nt%8)/2, half nt%2).
-      int j = nt / 8, wi = (nt % 8) / 2;
-      u32 sel = nt % 2 ? 0x7632u : 0x5410u;
-      mma16816(oacc[nt], pa, prmt(vw[0][j][wi], vw[1][j][wi], sel), prmt(vw[2][j][wi], vw[3][j][wi], sel));
+      for (int mt = 0; mt < MT; mt++) {
+        oacc[mt][0] *= c0; oacc[mt][1] *= c1; oacc[mt][2] *= c0; oacc[mt][3] *= c1;
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      const u32 a[4] = {prmt(vw[0][mt], vw[1][mt], 0x5410u), prmt(vw[0][mt], vw[1][mt], 0x7632u),
+                        prmt(vw[2][mt], vw[3][mt], 0x5410u), prmt(vw[2][mt], vw[3][mt], 0x7632u)};
+      mma16816(oacc[mt], a, pb0, pb1);
     }
   }
+  if constexpr (SLOT > 0) cp_wait<0>();
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
 
   // Merge the warps of this block.
   __shared__ float sm[WARPS][GQ], sl[WARPS][GQ];
   __shared__ float sacc[WARPS][GQ][HD];
-  if (gid < GQ) {
-    if (tig == 0) { sm[warp][gid] = m; sl[warp][gid] = l; }
+  if (gid < GQ && tig == 0) { sm[warp][gid] = m; sl[warp][gid] = l; }
 #pragma unroll
-    for (int nt = 0; nt < HD / 8; nt++)
+  for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-      for (int e = 0; e < 2; e++) {
-        int col = 2 * tig + e;  // the V lane whose channels this column carries
-        sacc[warp][gid][col * VCH + 8 * (nt / 8) + chan8<VS>((nt % 8) / 2, nt % 2)] = oacc[nt][e];
-      }
-  }
+    for (int e = 0; e < 4; e++) {
+      const int head = 2 * tig + (e & 1);
+      const int c = gid * VCH + chanrun<VS, VCH>(mt, e / 2);
+      if (head < GQ) sacc[warp][head][c] = oacc[mt][e];
+    }
   __syncthreads();
   for (int idx = tid; idx < GQ * HD; idx += 128) {
     int g = idx / HD, c = idx % HD;

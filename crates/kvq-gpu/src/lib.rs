@@ -179,16 +179,63 @@ pub fn compile(prelude: &str) -> Result<cudarc::nvrtc::Ptx> {
         .map_err(|e| anyhow!("NVRTC: {e:?}"))
 }
 
-/// The NVRTC prelude of a scheme's kernels for `shape`.
+/// The NVRTC prelude of a scheme's kernels for `shape` with the default [`Tuning`].
 pub fn prelude(shape: CacheShape, k: &RoleLayout, v: &RoleLayout) -> String {
+    prelude_tuned(shape, k, v, Tuning::default())
+}
+
+/// The NVRTC prelude of a scheme's kernels for `shape` and `tuning`: the geometry, the
+/// attention kernel's occupancy target (`MINB` blocks per multiprocessor, its launch bound) and
+/// cp.async pipeline depth (`NSTAGE`, see [`stages`]), and both layouts.
+pub fn prelude_tuned(shape: CacheShape, k: &RoleLayout, v: &RoleLayout, tuning: Tuning) -> String {
     format!(
-        "#define HD {}\n#define GQ {}\n#define PT {}\n{}{}",
+        "#define HD {}\n#define GQ {}\n#define PT {}\n#define MINB {}\n#define NSTAGE {}\n{}{}",
         shape.head_dim,
         shape.q_heads / shape.kv_heads,
         shape.page_tokens,
+        tuning.min_blocks,
+        stages(shape, k, v, tuning),
         k.prelude("KS"),
         v.prelude("VS")
     )
+}
+
+/// Warps of one attention block.
+const WARPS: usize = 4;
+
+/// Shared memory of a multiprocessor that the attention blocks' stages may share, the most one
+/// block takes, and what each block needs besides (static shared memory: at most ~24 KiB, with
+/// the turbo pair tables; the 1 KiB the driver reserves per block).
+const SM_STAGE_BUDGET: usize = 220 << 10;
+const BLOCK_STAGE_CAP: usize = 64 << 10;
+const BLOCK_STATIC: usize = 25 << 10;
+
+/// Bytes of one 16-token warp step that the attention kernel stages in shared memory (keys and
+/// values; f16/bf16 rows are read from global memory and stage nothing).
+fn step_bytes(shape: CacheShape, k: &RoleLayout, v: &RoleLayout) -> usize {
+    k.stage_bytes(shape.head_dim) + v.stage_bytes(shape.head_dim)
+}
+
+/// Depth of the attention kernel's cp.async ring (steps per warp, 2 to 8): as many as fit in
+/// the shared memory of `tuning.min_blocks` resident blocks per multiprocessor.
+pub fn stages(shape: CacheShape, k: &RoleLayout, v: &RoleLayout, tuning: Tuning) -> usize {
+    let step = step_bytes(shape, k, v);
+    if step == 0 {
+        return 2;
+    }
+    let budget = (SM_STAGE_BUDGET / tuning.min_blocks.max(1))
+        .saturating_sub(BLOCK_STATIC)
+        .min(BLOCK_STAGE_CAP);
+    (budget / (WARPS * step)).clamp(2, 8)
+}
+
+/// Dynamic shared memory of one attention block: the warps' rings of staged steps, plus 16
+/// spare bytes (the kernel's word-wise decode may read one word past a run).
+fn stage_smem(shape: CacheShape, k: &RoleLayout, v: &RoleLayout, tuning: Tuning) -> usize {
+    match step_bytes(shape, k, v) {
+        0 => 0,
+        step => WARPS * stages(shape, k, v, tuning) * step + 16,
+    }
 }
 
 /// Geometry of a paged device cache (one layer).
@@ -204,17 +251,35 @@ pub struct CacheShape {
     pub page_tokens: usize,
 }
 
-/// Kernel tuning: how finely the context is split across blocks.
+/// Kernel tuning: how finely the context is split across blocks, and the occupancy the
+/// attention kernel is compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuning {
     /// Attention blocks (4 warps each) to launch per multiprocessor; the context of each
     /// sequence is split until the grid has about this many per multiprocessor.
     pub blocks_per_sm: usize,
+    /// Blocks that should be resident per multiprocessor at once (the kernel's launch bound:
+    /// 4 caps registers at 128 per thread; 3 at 168). The cp.async ring is sized to fit.
+    pub min_blocks: usize,
 }
 
 impl Default for Tuning {
     fn default() -> Self {
-        Self { blocks_per_sm: 8 }
+        Self {
+            blocks_per_sm: 8,
+            min_blocks: 3,
+        }
+    }
+}
+
+impl Tuning {
+    /// Short label for reports, e.g. `sm8` (`-o4` appended when `min_blocks` is not 3).
+    pub fn label(&self) -> String {
+        if self.min_blocks == 3 {
+            format!("sm{}", self.blocks_per_sm)
+        } else {
+            format!("sm{}-o{}", self.blocks_per_sm, self.min_blocks)
+        }
     }
 }
 
@@ -231,6 +296,8 @@ pub struct PagedKernels {
     encode_k: CudaFunction,
     encode_v: CudaFunction,
     partial: CudaFunction,
+    /// Dynamic shared memory of one attention block (the cp.async rings).
+    stage_smem: usize,
     merge: CudaFunction,
     matrix: CudaFunction,
     fill: CudaFunction,
@@ -283,12 +350,24 @@ impl PagedKernels {
             "page_tokens must be a multiple of 16"
         );
         ensure!(tuning.blocks_per_sm > 0, "blocks_per_sm must be positive");
+        ensure!(
+            (1..=8).contains(&tuning.min_blocks),
+            "min_blocks must be 1 to 8"
+        );
         let head_bytes = |l: &RoleLayout| page_tokens / l.block_tokens() * l.block_bytes();
         ensure!(
             head_bytes(&k).is_multiple_of(16) && head_bytes(&v).is_multiple_of(16),
             "each head's run of blocks in a page must be a multiple of 16 bytes (aligned loads)"
         );
-        let module = gpu.ctx.load_module(compile(&prelude(shape, &k, &v))?)?;
+        let module = gpu
+            .ctx
+            .load_module(compile(&prelude_tuned(shape, &k, &v, tuning))?)?;
+        let partial = module.load_function("attn_partial")?;
+        let smem = stage_smem(shape, &k, &v, tuning);
+        partial.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            i32::try_from(smem)?,
+        )?;
         let rot = |l: &RoleLayout| -> Result<Option<CudaSlice<f32>>> {
             Ok(match l.rotation() {
                 Some(r) => Some(gpu.stream.clone_htod(r)?),
@@ -313,7 +392,8 @@ impl PagedKernels {
             v,
             encode_k: module.load_function("encode_k")?,
             encode_v: module.load_function("encode_v")?,
-            partial: module.load_function("attn_partial")?,
+            partial,
+            stage_smem: smem,
             merge: module.load_function("attn_merge")?,
             matrix: module.load_function("apply_matrix")?,
             fill: module.load_function("fill_uniform")?,
@@ -512,10 +592,12 @@ impl PagedKernels {
         let cfg = LaunchConfig {
             grid_dim: (scratch.splits as u32, s.kv_heads as u32, batch as u32),
             block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: self.stage_smem as u32,
         };
         // SAFETY: reads pages named by the block table for positions < seq_lens[b] ≤ max_ctx
-        // (splits·split_tokens ≥ max_ctx), writes rows·splits partials, which scratch holds.
+        // (splits·split_tokens ≥ max_ctx), writes rows·splits partials, which scratch holds;
+        // the dynamic shared memory is the size the kernel's rings need (same NSTAGE and step
+        // bytes as its prelude) and the function's limit was raised to it in `new`.
         unsafe { launch.launch(cfg) }?;
         let heads = s.q_heads as i32;
         let target = if self.v_rot.is_some() {

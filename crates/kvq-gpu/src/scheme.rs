@@ -158,6 +158,18 @@ impl RoleLayout {
         }
     }
 
+    /// Bytes of one 16-token step that the attention kernel copies into shared memory: 16 rows,
+    /// or for channel-wise blocks the per-channel parameters and 16 rows of codes; 0 for
+    /// f16/bf16 (read straight from global memory). Must match `Stage<S>` in kernels.cu.
+    pub(crate) fn stage_bytes(&self, d: usize) -> usize {
+        let params = if self.symmetric { 2 } else { 4 };
+        match self.kind {
+            KIND_F16 | KIND_BF16 => 0,
+            KIND_UNI_CHANNEL => d * params + 16 * d * self.bits as usize / 8,
+            _ => 16 * self.block_bytes,
+        }
+    }
+
     /// Rows encoded together.
     pub fn block_tokens(&self) -> usize {
         self.block_tokens

@@ -240,7 +240,9 @@ fn gpu_attention_equals_cpu_attention() {
         // Lay the CPU cache's pages out on the device, page by page, and attend on the CPU.
         let views: Vec<_> = seqs.iter().map(|&s| cache.view(s, 0).unwrap()).collect();
         let (kl, vl) = layouts(spec.k, spec.v, views[0].k_codec, views[0].v_codec).unwrap();
-        let kernels = PagedKernels::new(&gpu, shape(), kl, vl, Tuning::default()).unwrap();
+        // Page geometry does not depend on the tuning.
+        let kernels =
+            PagedKernels::new(&gpu, shape(), kl.clone(), vl.clone(), Tuning::default()).unwrap();
         let max_pages = max_ctx.div_ceil(PAGE);
         let mut host_pool = Vec::new();
         let mut table = vec![0i32; lens.len() * max_pages];
@@ -280,33 +282,46 @@ fn gpu_attention_equals_cpu_attention() {
             .clone_htod(&lens.iter().map(|&l| l as i32).collect::<Vec<_>>())
             .unwrap();
         let dq = s.clone_htod(&q).unwrap();
-        let mut out = s.clone_htod(&vec![f32::NAN; q.len()]).unwrap();
-        let sms = gpu.info().unwrap().multiprocessors as usize;
-        let mut scratch = kernels.scratch(&gpu, lens.len(), max_ctx, sms).unwrap();
-        kernels
-            .attend(
-                &gpu,
-                &pool,
-                &dtable,
-                max_pages,
-                &dlens,
-                lens.len(),
-                &dq,
-                params.scale,
-                &mut scratch,
-                &mut out,
-            )
-            .unwrap();
-        let got = s.clone_dtoh(&out).unwrap();
-        let err = rel(&got, &expected);
-        println!("{name:<10} attention: relative error {err:.3e}");
-        assert!(
-            got.iter().all(|x| x.is_finite()),
-            "{name}: unwritten or non-finite output"
-        );
-        assert!(
-            err < 1e-3,
-            "{name}: GPU attention differs from CPU by {err}"
-        );
+        // Both occupancy targets (ring depths and register caps) and a finer split.
+        for tuning in [
+            Tuning::default(),
+            Tuning {
+                blocks_per_sm: 16,
+                min_blocks: 4,
+            },
+        ] {
+            let sms = gpu.info().unwrap().multiprocessors as usize;
+            let kernels = PagedKernels::new(&gpu, shape(), kl.clone(), vl.clone(), tuning).unwrap();
+            let mut scratch = kernels.scratch(&gpu, lens.len(), max_ctx, sms).unwrap();
+            let mut out = s.clone_htod(&vec![f32::NAN; q.len()]).unwrap();
+            kernels
+                .attend(
+                    &gpu,
+                    &pool,
+                    &dtable,
+                    max_pages,
+                    &dlens,
+                    lens.len(),
+                    &dq,
+                    params.scale,
+                    &mut scratch,
+                    &mut out,
+                )
+                .unwrap();
+            let got = s.clone_dtoh(&out).unwrap();
+            let err = rel(&got, &expected);
+            println!(
+                "{name:<10} attention ({}): relative error {err:.3e}",
+                tuning.label()
+            );
+            assert!(
+                got.iter().all(|x| x.is_finite()),
+                "{name}: unwritten or non-finite output"
+            );
+            assert!(
+                err < 1e-3,
+                "{name}: GPU attention differs from CPU by {err}"
+            );
+        }
     }
 }
