@@ -203,37 +203,45 @@ fn attend_run(
         };
         let keys = &span.keys(item.kv_head)[bytes(k_codec)];
         let values = &span.values(item.kv_head)[bytes(v_codec)];
-        scores.resize(last - first, 0.0);
-        for (g, state) in states.iter_mut().enumerate() {
-            let q = if span.compressed() {
-                &prepared[g * qlen..(g + 1) * qlen]
-            } else {
-                &scaled[g * d..(g + 1) * d]
-            };
-            k_codec.score(q, keys, &mut scores);
+        let rows = last - first;
+        scores.resize(group * rows, 0.0);
+        let queries: Vec<&[f32]> = if span.compressed() {
+            prepared.chunks_exact(qlen).collect()
+        } else {
+            scaled.chunks_exact(d).collect()
+        };
+        let mut head_scores: Vec<&mut [f32]> = scores.chunks_exact_mut(rows).collect();
+        k_codec.score_group(&queries, keys, &mut head_scores);
+        for (state, s) in states.iter_mut().zip(head_scores.iter_mut()) {
             let mut span_max = f32::NEG_INFINITY;
-            for (r, s) in scores.iter_mut().enumerate() {
+            for (r, x) in s.iter_mut().enumerate() {
                 if first + r < from || first + r >= to {
-                    *s = f32::NEG_INFINITY;
+                    *x = f32::NEG_INFINITY;
                 }
-                span_max = span_max.max(*s);
+                span_max = span_max.max(*x);
             }
             if span_max > state.max {
                 state.rescale(span_max);
             }
             let mut sum = 0.0;
-            for s in scores.iter_mut() {
-                *s = (*s - state.max).exp();
-                sum += *s;
+            for x in s.iter_mut() {
+                *x = (*x - state.max).exp();
+                sum += *x;
             }
             state.sum += sum;
-            let acc = if span.compressed() {
-                &mut state.acc_codec
-            } else {
-                &mut state.acc_full
-            };
-            v_codec.accumulate(&scores, values, acc);
         }
+        let weights: Vec<&[f32]> = scores.chunks_exact(rows).collect();
+        let mut accs: Vec<&mut [f32]> = states
+            .iter_mut()
+            .map(|st| {
+                if span.compressed() {
+                    st.acc_codec.as_mut_slice()
+                } else {
+                    st.acc_full.as_mut_slice()
+                }
+            })
+            .collect();
+        v_codec.accumulate_group(&weights, values, &mut accs);
     }
     states
 }

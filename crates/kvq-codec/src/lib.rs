@@ -163,6 +163,14 @@ pub trait Codec: Send + Sync {
     /// `scores[t] = q·k_t` for every row of the run of blocks in `blocks`;
     /// `scores.len() == blocks.len() / block_bytes · block_tokens`.
     fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]);
+    /// [`Codec::score`] for several prepared queries at once — the query heads that share one
+    /// KV head: `scores[h]` receives the scores of `queries[h]`. The default scores them one
+    /// after another; codecs override it to decode each row once for the whole group.
+    fn score_group(&self, queries: &[&[f32]], blocks: &[u8], scores: &mut [&mut [f32]]) {
+        for (q, s) in queries.iter().zip(scores.iter_mut()) {
+            self.score(q, blocks, s);
+        }
+    }
     /// Length of the accumulator [`Codec::accumulate`] works in.
     fn accumulator_len(&self) -> usize {
         self.head_dim()
@@ -170,6 +178,13 @@ pub trait Codec: Send + Sync {
     /// `acc += Σ_t weights[t]·v_t` over every row of the run of blocks in `blocks`, in the
     /// codec's accumulator space; `weights.len()` equals the number of rows.
     fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]);
+    /// [`Codec::accumulate`] for several weight rows at once (one per query head of a group):
+    /// `accs[h] += Σ_t weights[h][t]·v_t`. The default accumulates them one after another.
+    fn accumulate_group(&self, weights: &[&[f32]], blocks: &[u8], accs: &mut [&mut [f32]]) {
+        for (w, a) in weights.iter().zip(accs.iter_mut()) {
+            self.accumulate(w, blocks, a);
+        }
+    }
     /// Turns an accumulator into output values (`head_dim` long); the default copies it.
     fn finish(&self, acc: &[f32], out: &mut [f32]) {
         out.copy_from_slice(&acc[..self.head_dim()]);

@@ -117,6 +117,53 @@ pub fn axpy_rows(format: RowFormat, weights: &[f32], rows: &[u8], acc: &mut [f32
     }
 }
 
+/// Heads a group kernel keeps in registers at once.
+const GROUP_MAX: usize = 8;
+
+/// [`dot_rows`] for several queries: each row is loaded and converted once for all of them.
+pub fn dot_rows_group(
+    format: RowFormat,
+    queries: &[&[f32]],
+    rows: &[u8],
+    scores: &mut [&mut [f32]],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2()
+        && queries.len() <= GROUP_MAX
+        && queries
+            .iter()
+            .all(|q| q.len().is_multiple_of(8) && q.len() == queries[0].len())
+    {
+        // SAFETY: AVX2/FMA/F16C are present; every access is bounds-checked by slicing.
+        return unsafe { avx2::dot_rows_group(format, queries, rows, scores) };
+    }
+    for (q, s) in queries.iter().zip(scores.iter_mut()) {
+        dot_rows(format, q, rows, s);
+    }
+}
+
+/// [`axpy_rows`] for several weight rows: each stored row is loaded and converted once.
+pub fn axpy_rows_group(
+    format: RowFormat,
+    weights: &[&[f32]],
+    rows: &[u8],
+    accs: &mut [&mut [f32]],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2()
+        && weights.len() <= GROUP_MAX
+        && accs
+            .iter()
+            .all(|a| a.len().is_multiple_of(8) && a.len() == accs[0].len())
+    {
+        // SAFETY: as in `dot_rows_group`.
+        return unsafe { avx2::axpy_rows_group(format, weights, rows, accs) };
+    }
+    for (w, a) in weights.iter().zip(accs.iter_mut()) {
+        axpy_rows(format, w, rows, a);
+    }
+}
+
 /// The 8 codes of width `B` packed in `bytes[..B]` (least significant bit first).
 #[inline(always)]
 fn eight_codes<const B: usize>(bytes: &[u8]) -> [u8; 8] {
@@ -461,6 +508,59 @@ pub(crate) mod avx2 {
         }
     }
 
+    /// [`super::dot_rows_group`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_rows_group(
+        format: RowFormat,
+        queries: &[&[f32]],
+        rows: &[u8],
+        scores: &mut [&mut [f32]],
+    ) {
+        let n = queries.len();
+        let d = queries[0].len();
+        let row_bytes = rows.len() / scores[0].len().max(1);
+        for t in 0..scores[0].len() {
+            let row = &rows[t * row_bytes..][..row_bytes];
+            let mut acc = [_mm256_setzero_ps(); super::GROUP_MAX];
+            for i in (0..d).step_by(8) {
+                let x = load8(format, row, i);
+                for h in 0..n {
+                    let q = &queries[h][i..i + 8];
+                    acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr()), x, acc[h]);
+                }
+            }
+            for h in 0..n {
+                scores[h][t] = hsum(acc[h]);
+            }
+        }
+    }
+
+    /// [`super::axpy_rows_group`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_rows_group(
+        format: RowFormat,
+        weights: &[&[f32]],
+        rows: &[u8],
+        accs: &mut [&mut [f32]],
+    ) {
+        let n = weights.len();
+        let d = accs[0].len();
+        let row_bytes = rows.len() / weights[0].len().max(1);
+        for t in 0..weights[0].len() {
+            let row = &rows[t * row_bytes..][..row_bytes];
+            let w: [__m256; super::GROUP_MAX] =
+                std::array::from_fn(|h| _mm256_set1_ps(if h < n { weights[h][t] } else { 0.0 }));
+            for i in (0..d).step_by(8) {
+                let x = load8(format, row, i);
+                for h in 0..n {
+                    let a = &mut accs[h][i..i + 8];
+                    let v = _mm256_fmadd_ps(w[h], x, _mm256_loadu_ps(a.as_ptr()));
+                    _mm256_storeu_ps(a.as_mut_ptr(), v);
+                }
+            }
+        }
+    }
+
     /// [`super::axpy`].
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn axpy(format: RowFormat, w: f32, row: &[u8], acc: &mut [f32]) {
@@ -541,6 +641,53 @@ mod tests {
                     let mut acc_s = q.clone();
                     force_scalar(|| axpy_lut(&packed, bits, &lut, 0.7, &mut acc_s));
                     assert!(acc_v.iter().zip(&acc_s).all(|(a, b)| close(*a, *b)));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn group_kernels_equal_one_query_at_a_time() {
+        for format in [RowFormat::F32, RowFormat::F16, RowFormat::Bf16] {
+            let (d, rows, heads) = (64, 9, 4);
+            let xs: Vec<f32> = (0..rows * d)
+                .map(|i| ((i * 13 % 11) as f32 - 5.0) / 7.0)
+                .collect();
+            let bytes = encode(format, &xs);
+            let qs: Vec<Vec<f32>> = (0..heads)
+                .map(|h| {
+                    (0..d)
+                        .map(|i| ((i * 31 + h * 7) % 17) as f32 / 9.0 - 0.9)
+                        .collect()
+                })
+                .collect();
+            let q_refs: Vec<&[f32]> = qs.iter().map(Vec::as_slice).collect();
+            let mut grouped = vec![vec![0f32; rows]; heads];
+            let mut refs: Vec<&mut [f32]> = grouped.iter_mut().map(Vec::as_mut_slice).collect();
+            dot_rows_group(format, &q_refs, &bytes, &mut refs);
+            let mut accs = vec![vec![0.5f32; d]; heads];
+            let weights: Vec<Vec<f32>> = (0..heads)
+                .map(|h| (0..rows).map(|t| (t + h) as f32 / 10.0).collect())
+                .collect();
+            let w_refs: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
+            let mut acc_refs: Vec<&mut [f32]> = accs.iter_mut().map(Vec::as_mut_slice).collect();
+            axpy_rows_group(format, &w_refs, &bytes, &mut acc_refs);
+            for h in 0..heads {
+                let mut one = vec![0f32; rows];
+                force_scalar(|| dot_rows(format, &qs[h], &bytes, &mut one));
+                for (a, b) in grouped[h].iter().zip(&one) {
+                    assert!(
+                        (a - b).abs() < 1e-4 * (1.0 + b.abs()),
+                        "{format:?} head {h}"
+                    );
+                }
+                let mut acc = vec![0.5f32; d];
+                force_scalar(|| axpy_rows(format, &weights[h], &bytes, &mut acc));
+                for (a, b) in accs[h].iter().zip(&acc) {
+                    assert!(
+                        (a - b).abs() < 1e-4 * (1.0 + b.abs()),
+                        "{format:?} head {h}"
+                    );
                 }
             }
         }
