@@ -422,6 +422,45 @@ impl Codec for GgmlCodec {
             }
         }
     }
+
+    fn score_group(&self, queries: &[&[f32]], blocks: &[u8], scores: &mut [&mut [f32]]) {
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::use_avx2() && queries.len() <= avx2::GROUP {
+            let mut out = [0f32; avx2::GROUP];
+            for (t, row) in blocks.chunks_exact(self.block_bytes()).enumerate() {
+                let out = &mut out[..queries.len()];
+                // SAFETY: AVX2/FMA/F16C are present; `row` holds `head_dim/32` blocks.
+                unsafe { avx2::score_row_group(self.ty, self.head_dim, queries, row, out) };
+                for (s, &o) in scores.iter_mut().zip(out.iter()) {
+                    s[t] = o;
+                }
+            }
+            return;
+        }
+        for (q, s) in queries.iter().zip(scores.iter_mut()) {
+            self.score(q, blocks, s);
+        }
+    }
+
+    fn accumulate_group(&self, weights: &[&[f32]], blocks: &[u8], accs: &mut [&mut [f32]]) {
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::use_avx2() {
+            let mut w = vec![0f32; weights.len()];
+            let mut heads: Vec<&mut [f32]> =
+                accs.iter_mut().map(|a| &mut a[..self.head_dim]).collect();
+            for (t, row) in blocks.chunks_exact(self.block_bytes()).enumerate() {
+                for (wh, ws) in w.iter_mut().zip(weights) {
+                    *wh = ws[t];
+                }
+                // SAFETY: as in `score_group`.
+                unsafe { avx2::accumulate_row_group(self.ty, &w, row, &mut heads) };
+            }
+            return;
+        }
+        for (w, a) in weights.iter().zip(accs.iter_mut()) {
+            self.accumulate(w, blocks, a);
+        }
+    }
 }
 
 /// AVX2 block kernels: a block's 32 levels are unpacked to four vectors of 8 f32.
@@ -430,6 +469,9 @@ mod avx2 {
     use super::{GgmlType, IQ4_NL_VALUES, QK};
     use crate::simd::avx2::{f16_at, hsum, Lut};
     use std::arch::x86_64::*;
+
+    /// Query heads the group kernels handle at once.
+    pub const GROUP: usize = 8;
 
     /// The levels of elements `8k..8k+8` of `block`, for `k` = 0..4 (`d·level + m` is the value).
     #[inline]
@@ -516,6 +558,86 @@ mod avx2 {
             }
         }
         hsum(total) + bias
+    }
+
+    /// [`score_row`] for the query heads of a group: each block is unpacked once.
+    /// `queries[h]` is a prepared query (`head_dim` values then the block sums).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn score_row_group(
+        ty: GgmlType,
+        head_dim: usize,
+        queries: &[&[f32]],
+        row: &[u8],
+        out: &mut [f32],
+    ) {
+        let lut = Lut::new(&IQ4_NL_LEVELS);
+        let bb = ty.block_bytes();
+        assert!(
+            row.len() >= head_dim / QK * bb && out.len() == queries.len() && queries.len() <= GROUP
+        );
+        let mut total = [_mm256_setzero_ps(); GROUP];
+        let mut bias = [0.0f32; GROUP];
+        for b in 0..head_dim / QK {
+            let block = row.as_ptr().add(b * bb);
+            let x = levels(ty, block, lut);
+            let d = _mm256_set1_ps(f16_at(block));
+            let m = if ty.has_min() {
+                f16_at(block.add(2))
+            } else {
+                0.0
+            };
+            for (h, q) in queries.iter().enumerate() {
+                let qb = q[b * QK..(b + 1) * QK].as_ptr();
+                let mut dot = _mm256_mul_ps(_mm256_loadu_ps(qb), x[0]);
+                let mut dot2 = _mm256_mul_ps(_mm256_loadu_ps(qb.add(8)), x[1]);
+                dot = _mm256_fmadd_ps(_mm256_loadu_ps(qb.add(16)), x[2], dot);
+                dot2 = _mm256_fmadd_ps(_mm256_loadu_ps(qb.add(24)), x[3], dot2);
+                total[h] = _mm256_fmadd_ps(d, _mm256_add_ps(dot, dot2), total[h]);
+                if ty.has_min() {
+                    bias[h] += m * q[head_dim + b];
+                }
+            }
+        }
+        for h in 0..queries.len() {
+            out[h] = hsum(total[h]) + bias[h];
+        }
+    }
+
+    /// [`accumulate_row`] for the query heads of a group: each block is unpacked once.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn accumulate_row_group(
+        ty: GgmlType,
+        weights: &[f32],
+        row: &[u8],
+        accs: &mut [&mut [f32]],
+    ) {
+        let lut = Lut::new(&IQ4_NL_LEVELS);
+        let bb = ty.block_bytes();
+        let head_dim = accs[0].len();
+        assert!(row.len() >= head_dim / QK * bb && weights.len() == accs.len());
+        for b in 0..head_dim / QK {
+            let block = row.as_ptr().add(b * bb);
+            let x = levels(ty, block, lut);
+            let (d, m) = (
+                f16_at(block),
+                if ty.has_min() {
+                    f16_at(block.add(2))
+                } else {
+                    0.0
+                },
+            );
+            for (&w, acc) in weights.iter().zip(accs.iter_mut()) {
+                let (wd, wm) = (_mm256_set1_ps(w * d), _mm256_set1_ps(w * m));
+                let out = acc[b * QK..(b + 1) * QK].as_mut_ptr();
+                for (k, x) in x.into_iter().enumerate() {
+                    let a = out.add(8 * k);
+                    _mm256_storeu_ps(
+                        a,
+                        _mm256_fmadd_ps(wd, x, _mm256_add_ps(_mm256_loadu_ps(a), wm)),
+                    );
+                }
+            }
+        }
     }
 
     /// `acc += w·x̂` for one row of `acc.len()/32` blocks.

@@ -329,3 +329,78 @@ fn every_listed_scheme_builds_at_head_dim_128_and_256() {
     }
     assert_eq!(built, 4 * scheme_names().len());
 }
+
+/// `score_group` / `accumulate_group` equal the one-head kernels for every scheme.
+#[test]
+fn group_kernels_equal_one_head_at_a_time() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(77);
+    for name in kvq_codec::scheme_names() {
+        for head_dim in [64usize, 256] {
+            let kind = kvq_codec::SchemeKind::parse(&name).unwrap();
+            for role in [kvq_codec::Role::Key, kvq_codec::Role::Value] {
+                let rows_n = 64;
+                let rows: Vec<f32> = (0..rows_n * head_dim)
+                    .map(|_| rng.gen_range(-2.0..2.0))
+                    .collect();
+                let mut sorted = rows.clone();
+                let cal = kvq_codec::Calibration {
+                    oaken_thresholds: Some(kvq_codec::OakenThresholds::from_samples(&mut sorted)),
+                    ..Default::default()
+                };
+                let Ok(codec) = kvq_codec::build_codec(kind, role, head_dim, &cal, 3) else {
+                    continue;
+                };
+                let (bt, bb) = (codec.block_tokens(), codec.block_bytes());
+                let mut bytes = vec![0u8; rows_n / bt * bb];
+                for (r, b) in rows
+                    .chunks_exact(bt * head_dim)
+                    .zip(bytes.chunks_exact_mut(bb))
+                {
+                    codec.encode(r, b).unwrap();
+                }
+                let heads = 4;
+                let prepared: Vec<Vec<f32>> = (0..heads)
+                    .map(|_| {
+                        let q: Vec<f32> = (0..head_dim).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                        let mut p = vec![0f32; codec.query_len()];
+                        codec.prepare_query(&q, &mut p);
+                        p
+                    })
+                    .collect();
+                let q_refs: Vec<&[f32]> = prepared.iter().map(Vec::as_slice).collect();
+                let mut grouped = vec![vec![0f32; rows_n]; heads];
+                let mut s_refs: Vec<&mut [f32]> =
+                    grouped.iter_mut().map(Vec::as_mut_slice).collect();
+                codec.score_group(&q_refs, &bytes, &mut s_refs);
+                let weights: Vec<Vec<f32>> = (0..heads)
+                    .map(|_| (0..rows_n).map(|_| rng.gen_range(0.0..1.0)).collect())
+                    .collect();
+                let w_refs: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
+                let mut accs = vec![vec![0f32; codec.accumulator_len()]; heads];
+                let mut a_refs: Vec<&mut [f32]> = accs.iter_mut().map(Vec::as_mut_slice).collect();
+                codec.accumulate_group(&w_refs, &bytes, &mut a_refs);
+                for h in 0..heads {
+                    let mut one = vec![0f32; rows_n];
+                    codec.score(&prepared[h], &bytes, &mut one);
+                    let scale = one.iter().map(|v| v.abs()).fold(1.0f32, f32::max);
+                    for (a, b) in grouped[h].iter().zip(&one) {
+                        assert!(
+                            (a - b).abs() <= 1e-4 * scale,
+                            "{name} d{head_dim} {role:?} score head {h}: {a} vs {b}"
+                        );
+                    }
+                    let mut acc = vec![0f32; codec.accumulator_len()];
+                    codec.accumulate(&weights[h], &bytes, &mut acc);
+                    let scale = acc.iter().map(|v| v.abs()).fold(1.0f32, f32::max);
+                    for (a, b) in accs[h].iter().zip(&acc) {
+                        assert!(
+                            (a - b).abs() <= 1e-4 * scale,
+                            "{name} d{head_dim} {role:?} accumulate head {h}: {a} vs {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
