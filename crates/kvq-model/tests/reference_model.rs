@@ -47,6 +47,19 @@ fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
         / scale
 }
 
+/// KL(softmax(p) || softmax(q)) in nats.
+fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
+    let log_softmax = |x: &[f32]| {
+        let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let z: f64 = x.iter().map(|&v| f64::from(v - m).exp()).sum();
+        x.iter()
+            .map(|&v| f64::from(v - m) - z.ln())
+            .collect::<Vec<f64>>()
+    };
+    let (lp, lq) = (log_softmax(p), log_softmax(q));
+    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
+}
+
 #[test]
 fn one_prefill_chunked_prefill_and_decode_agree() {
     let (model, tok) = load();
@@ -71,9 +84,13 @@ fn one_prefill_chunked_prefill_and_decode_agree() {
     for &t in &ids[split..] {
         last = model.logits(&model.forward(&mut b, seq, &[t], 0).unwrap());
     }
+    // Decode quantizes activations to 8 bits (as llama.cpp does), prefill multiplies in f32:
+    // the two next-token distributions must agree closely.
+    let kl = kl_divergence(&whole, &last);
+    assert!(kl < 5e-3, "prefill vs decode: KL divergence {kl}");
     let diff = max_rel_diff(&last, &whole);
     assert!(
-        diff < 0.02,
+        diff < 0.05,
         "prefill vs decode logits differ by {diff} of their range"
     );
     assert_eq!(
