@@ -15,8 +15,16 @@
 #   PPL_CHUNKS=8     number of 512-token chunks for perplexity
 #   WIKI=/work/shared/data/wikitext-2-raw/wiki.test.raw
 #
-# llama.cpp itself is built outside the repo (see report); nothing here writes
-# anything except to stdout/stderr.
+# llama.cpp itself is built outside the repo, from PyPI's source package (llama.cpp 0c1e570):
+#   pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/llamacpp-src
+#   tar xzf /tmp/llamacpp-src/llama_cpp_python-0.3.36.tar.gz -C /tmp/llamacpp
+#   ln -s /tmp/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp /tmp/llamacpp/src
+#   apt-get install -y cmake
+#   cmake -S /tmp/llamacpp/src -B /tmp/llamacpp/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+#     -DGGML_OPENMP=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+#     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMIT=0c1e570
+#   cmake --build /tmp/llamacpp/build -j2 --target llama-bench llama-perplexity   (about 8 minutes)
+# Nothing here writes anything except to stdout/stderr.
 set -euo pipefail
 
 BUILD_DIR="${1:-/tmp/llamacpp/build}"
