@@ -21,8 +21,7 @@ fn opened_model(what: &str) -> Result<&'static ModelIdentity> {
     })
 }
 
-/// File name of the reference model that `scripts/setup-model.sh` assembles.
-const REFERENCE_MODEL: &str = "gemma-3-270m-q4_k_m.gguf";
+use kvq_model::REFERENCE_MODEL_FILE as REFERENCE_MODEL;
 
 /// `--model`.
 #[derive(clap::Args, Clone, Debug)]
@@ -39,14 +38,12 @@ impl ModelArgs {
         if let Some(p) = &self.model {
             return Ok(p.clone());
         }
-        if let Ok(p) = std::env::var("KVQ_MODEL") {
-            return Ok(PathBuf::from(p));
+        if std::env::var_os("KVQ_MODEL").is_some() {
+            return Ok(kvq_model::reference_model_path());
         }
         let candidates = [
             PathBuf::from("models").join(REFERENCE_MODEL),
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../models")
-                .join(REFERENCE_MODEL),
+            kvq_model::reference_model_path(),
         ];
         candidates.iter().find(|p| p.exists()).cloned().with_context(|| {
             format!("no model given and {REFERENCE_MODEL} not found in ./models; run scripts/setup-model.sh or pass --model PATH")

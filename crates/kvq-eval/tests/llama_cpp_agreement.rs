@@ -14,9 +14,7 @@ use std::path::PathBuf;
 #[test]
 fn four_chunks_of_wikitext_match_llama_cpp_within_one_percent() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let model = std::env::var("KVQ_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root.join("models/gemma-3-270m-q4_k_m.gguf"));
+    let model = kvq_model::reference_model_path();
     assert!(
         model.exists(),
         "reference model missing at {}: run scripts/setup-model.sh",

@@ -11,19 +11,12 @@ use kvq_eval::{perplexity_many, CacheSetup};
 use kvq_model::gemma3::Gemma3;
 use kvq_model::gguf::Gguf;
 use kvq_model::tokenizer::Tokenizer;
-use std::path::PathBuf;
 use std::sync::OnceLock;
-
-fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn model() -> &'static (Gemma3, Tokenizer) {
     static MODEL: OnceLock<(Gemma3, Tokenizer)> = OnceLock::new();
     MODEL.get_or_init(|| {
-        let path = std::env::var_os("KVQ_MODEL")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| workspace_root().join("models/gemma-3-270m-q4_k_m.gguf"));
+        let path = kvq_model::reference_model_path();
         assert!(
             path.exists(),
             "reference model not found at {}: run scripts/setup-model.sh (or set KVQ_MODEL)",

@@ -13,6 +13,21 @@ pub mod quant;
 pub mod sampler;
 pub mod tokenizer;
 
+/// File name of the reference model (Gemma 3 270M, GGUF Q4_K_M).
+pub const REFERENCE_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
+
+/// Where the reference model is expected: `$KVQ_MODEL` when set, else this workspace's
+/// `models/` folder, where `scripts/setup-model.sh` puts it. The file may not exist.
+pub fn reference_model_path() -> std::path::PathBuf {
+    std::env::var_os("KVQ_MODEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models")
+                .join(REFERENCE_MODEL_FILE)
+        })
+}
+
 /// Errors of a forward pass.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

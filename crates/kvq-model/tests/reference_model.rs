@@ -9,11 +9,7 @@ use kvq_model::tokenizer::Tokenizer;
 use std::path::PathBuf;
 
 fn model_path() -> PathBuf {
-    let path = std::env::var("KVQ_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/gemma-3-270m-q4_k_m.gguf")
-        });
+    let path = kvq_model::reference_model_path();
     assert!(
         path.exists(),
         "reference model missing at {}: run scripts/setup-model.sh",

@@ -21,9 +21,7 @@ fn shared_data(rel: &str) -> PathBuf {
 
 /// The reference model: `$KVQ_MODEL`, else the workspace's `models/` copy; fails when absent.
 fn model_path() -> PathBuf {
-    let path = std::env::var_os("KVQ_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("models/gemma-3-270m-q4_k_m.gguf"));
+    let path = kvq_model::reference_model_path();
     assert!(
         path.exists(),
         "reference model not found at {}: run scripts/setup-model.sh (or set KVQ_MODEL)",

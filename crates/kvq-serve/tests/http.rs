@@ -18,14 +18,8 @@ use std::time::{Duration, Instant};
 
 const MODEL: &str = "gemma-3-270m-q4_k_m";
 
-fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 fn load() -> (Gemma3, Tokenizer) {
-    let path = std::env::var_os("KVQ_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(format!("models/{MODEL}.gguf")));
+    let path = kvq_model::reference_model_path();
     let g = Gguf::open(&path).unwrap_or_else(|e| {
         panic!(
             "reference model {}: {e}; run scripts/setup-model.sh",
@@ -389,10 +383,8 @@ fn chat_completion_uses_the_template_and_streams() {
     let text = whole["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(!text.is_empty());
     // <bos> <start_of_turn>user\n…<end_of_turn>\n<start_of_turn>model\n
-    let tok = Tokenizer::from_gguf(
-        &Gguf::open(&workspace_root().join(format!("models/{MODEL}.gguf"))).unwrap(),
-    )
-    .unwrap();
+    let tok =
+        Tokenizer::from_gguf(&Gguf::open(&kvq_model::reference_model_path()).unwrap()).unwrap();
     let expected = tok.encode(
         "<start_of_turn>user\nAnswer briefly.\n\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
         true,
