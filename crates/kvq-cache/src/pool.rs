@@ -60,12 +60,31 @@ enum Rows<'a> {
     Full {
         k: &'a [Vec<u8>],
         v: &'a [Vec<u8>],
-        from: usize,
         len: usize,
     },
 }
 
 impl<'a> RowSpan<'a> {
+    /// A span of `tokens` full-precision rows of `row_bytes` each, kept per head in `k` and `v`.
+    fn full(
+        k: &'a [Vec<u8>],
+        v: &'a [Vec<u8>],
+        first_pos: usize,
+        tokens: usize,
+        row_bytes: usize,
+    ) -> Self {
+        let rows = Rows::Full {
+            k,
+            v,
+            len: tokens * row_bytes,
+        };
+        Self {
+            first_pos,
+            tokens,
+            rows,
+        }
+    }
+
     /// Whether the rows are encoded with the layer's codecs (else with `full_codec`).
     pub fn compressed(&self) -> bool {
         matches!(self.rows, Rows::Page { .. })
@@ -79,7 +98,7 @@ impl<'a> RowSpan<'a> {
                 k_len,
                 ..
             } => &page[head * k_head_bytes..][..k_len],
-            Rows::Full { k, from, len, .. } => &k[head][from..from + len],
+            Rows::Full { k, len, .. } => &k[head][..len],
         }
     }
     /// Encoded value rows of KV head `head`.
@@ -93,7 +112,7 @@ impl<'a> RowSpan<'a> {
                 v_len,
                 ..
             } => &page[heads * k_head_bytes + head * v_head_bytes..][..v_len],
-            Rows::Full { v, from, len, .. } => &v[head][from..from + len],
+            Rows::Full { v, len, .. } => &v[head][..len],
         }
     }
 }
@@ -471,17 +490,7 @@ impl KvCache {
         let sinks = sl.len.min(self.options.sink_tokens);
         let mut spans = Vec::with_capacity(sl.pages.len() + 2);
         if sinks > 0 {
-            let rows = Rows::Full {
-                k: &sl.sink_k,
-                v: &sl.sink_v,
-                from: 0,
-                len: sinks * row,
-            };
-            spans.push(RowSpan {
-                first_pos: 0,
-                tokens: sinks,
-                rows,
-            });
+            spans.push(RowSpan::full(&sl.sink_k, &sl.sink_v, 0, sinks, row));
         }
         let rows_bytes = |c: &dyn Codec, tokens: usize| tokens / c.block_tokens() * c.block_bytes();
         for (i, &p) in sl.pages.iter().enumerate() {
@@ -503,17 +512,13 @@ impl KvCache {
         }
         let staged = sl.len - sinks - sl.encoded;
         if staged > 0 {
-            let rows = Rows::Full {
-                k: &sl.stage_k,
-                v: &sl.stage_v,
-                from: 0,
-                len: staged * row,
-            };
-            spans.push(RowSpan {
-                first_pos: sinks + sl.encoded,
-                tokens: staged,
-                rows,
-            });
+            spans.push(RowSpan::full(
+                &sl.stage_k,
+                &sl.stage_v,
+                sinks + sl.encoded,
+                staged,
+                row,
+            ));
         }
         Ok(LayerView {
             k_codec: pool.k_codec.as_ref(),
