@@ -27,16 +27,20 @@ pub(crate) fn k_scale_min(scales: &[u8], j: usize) -> (u8, u8) {
     }
 }
 
+/// Step and minimum of sub-block `j` of a Q4_K / Q5_K super-block (value = step·q − minimum).
+fn k_sub_block(d: f32, dmin: f32, scales: &[u8], j: usize) -> (f32, f32) {
+    let (sc, m) = k_scale_min(scales, j);
+    (d * f32::from(sc), dmin * f32::from(m))
+}
+
 /// Q4_K super-block: `d: f16, dmin: f16, scales: [u8; 12], qs: [u8; 128]`.
 fn dequantize_q4_k(block: &[u8], out: &mut [f32]) {
     let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
     let (scales, qs) = (&block[4..16], &block[16..144]);
     for chunk in 0..4 {
         let q = &qs[32 * chunk..32 * chunk + 32];
-        let (sc_lo, m_lo) = k_scale_min(scales, 2 * chunk);
-        let (sc_hi, m_hi) = k_scale_min(scales, 2 * chunk + 1);
-        let (d_lo, min_lo) = (d * f32::from(sc_lo), dmin * f32::from(m_lo));
-        let (d_hi, min_hi) = (d * f32::from(sc_hi), dmin * f32::from(m_hi));
+        let (d_lo, min_lo) = k_sub_block(d, dmin, scales, 2 * chunk);
+        let (d_hi, min_hi) = k_sub_block(d, dmin, scales, 2 * chunk + 1);
         for l in 0..32 {
             out[64 * chunk + l] = d_lo * f32::from(q[l] & 0x0F) - min_lo;
             out[64 * chunk + 32 + l] = d_hi * f32::from(q[l] >> 4) - min_hi;
@@ -50,10 +54,8 @@ fn dequantize_q5_k(block: &[u8], out: &mut [f32]) {
     let (scales, qh, qs) = (&block[4..16], &block[16..48], &block[48..176]);
     for chunk in 0..4 {
         let q = &qs[32 * chunk..32 * chunk + 32];
-        let (sc_lo, m_lo) = k_scale_min(scales, 2 * chunk);
-        let (sc_hi, m_hi) = k_scale_min(scales, 2 * chunk + 1);
-        let (d_lo, min_lo) = (d * f32::from(sc_lo), dmin * f32::from(m_lo));
-        let (d_hi, min_hi) = (d * f32::from(sc_hi), dmin * f32::from(m_hi));
+        let (d_lo, min_lo) = k_sub_block(d, dmin, scales, 2 * chunk);
+        let (d_hi, min_hi) = k_sub_block(d, dmin, scales, 2 * chunk + 1);
         let (bit_lo, bit_hi) = (1u8 << (2 * chunk), 2u8 << (2 * chunk));
         for l in 0..32 {
             let hi_lo = if qh[l] & bit_lo != 0 { 16.0 } else { 0.0 };
