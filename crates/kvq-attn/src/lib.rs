@@ -186,6 +186,10 @@ fn attend_run(
     let mut states: Vec<Partial> = (0..group)
         .map(|_| Partial::new(view.v_codec.accumulator_len(), d))
         .collect();
+    // The group's queries as the codecs take them: prepared for compressed spans, scaled only
+    // for full-precision ones.
+    let prepared_heads: Vec<&[f32]> = prepared.chunks_exact(qlen).collect();
+    let scaled_heads: Vec<&[f32]> = scaled.chunks_exact(d).collect();
     let mut scores: Vec<f32> = Vec::new();
     for span in &view.spans[item.spans.clone()] {
         let Some((from, to)) = visible(span, pos, params.window) else {
@@ -205,13 +209,13 @@ fn attend_run(
         let values = &span.values(item.kv_head)[bytes(v_codec)];
         let rows = last - first;
         scores.resize(group * rows, 0.0);
-        let queries: Vec<&[f32]> = if span.compressed() {
-            prepared.chunks_exact(qlen).collect()
+        let queries = if span.compressed() {
+            &prepared_heads
         } else {
-            scaled.chunks_exact(d).collect()
+            &scaled_heads
         };
         let mut head_scores: Vec<&mut [f32]> = scores.chunks_exact_mut(rows).collect();
-        k_codec.score_group(&queries, keys, &mut head_scores);
+        k_codec.score_group(queries, keys, &mut head_scores);
         for (state, s) in states.iter_mut().zip(head_scores.iter_mut()) {
             let mut span_max = f32::NEG_INFINITY;
             for (r, x) in s.iter_mut().enumerate() {
