@@ -87,6 +87,23 @@ fn visible(span: &RowSpan, pos: usize, window: Option<usize>) -> Option<(usize, 
     (from < to).then_some((from, to))
 }
 
+/// The largest of `xs` (−∞ for none), in a form the compiler vectorizes.
+fn max_of(xs: &[f32]) -> f32 {
+    let larger = |a: f32, b: f32| if b > a { b } else { a };
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = larger(*m, x);
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |a, &b| larger(a, b))
+}
+
 /// Multi-head attention of `queries` (`n × q_heads × head_dim`, token-major, at `positions`)
 /// over the cached rows of `view`, written to `out` (same shape as `queries`).
 pub fn attend(
@@ -217,22 +234,13 @@ fn attend_run(
         let mut head_scores: Vec<&mut [f32]> = scores.chunks_exact_mut(rows).collect();
         k_codec.score_group(queries, keys, &mut head_scores);
         for (state, s) in states.iter_mut().zip(head_scores.iter_mut()) {
-            let mut span_max = f32::NEG_INFINITY;
-            for (r, x) in s.iter_mut().enumerate() {
-                if first + r < from || first + r >= to {
-                    *x = f32::NEG_INFINITY;
-                }
-                span_max = span_max.max(*x);
-            }
+            s[..from - first].fill(f32::NEG_INFINITY);
+            s[to - first..].fill(f32::NEG_INFINITY);
+            let span_max = max_of(s);
             if span_max > state.max {
                 state.rescale(span_max);
             }
-            let mut sum = 0.0;
-            for x in s.iter_mut() {
-                *x = (*x - state.max).exp();
-                sum += *x;
-            }
-            state.sum += sum;
+            state.sum += kvq_codec::simd::exp_shifted(s, state.max);
         }
         let weights: Vec<&[f32]> = scores.chunks_exact(rows).collect();
         let mut accs: Vec<&mut [f32]> = states

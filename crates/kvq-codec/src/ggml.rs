@@ -423,42 +423,55 @@ impl Codec for GgmlCodec {
         }
     }
 
-    fn score_group(&self, queries: &[&[f32]], blocks: &[u8], scores: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if crate::simd::use_avx2() && queries.len() <= avx2::GROUP {
-            let mut out = [0f32; avx2::GROUP];
-            for (t, row) in blocks.chunks_exact(self.block_bytes()).enumerate() {
-                let out = &mut out[..queries.len()];
-                // SAFETY: AVX2/FMA/F16C are present; `row` holds `head_dim/32` blocks.
-                unsafe { avx2::score_row_group(self.ty, self.head_dim, queries, row, out) };
-                for (s, &o) in scores.iter_mut().zip(out.iter()) {
-                    s[t] = o;
-                }
-            }
-            return;
-        }
-        for (q, s) in queries.iter().zip(scores.iter_mut()) {
-            self.score(q, blocks, s);
-        }
-    }
-
-    fn accumulate_group(&self, weights: &[&[f32]], blocks: &[u8], accs: &mut [&mut [f32]]) {
+    fn decode_working(&self, blocks: &[u8], rows: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if crate::simd::use_avx2() {
-            let mut w = vec![0f32; weights.len()];
-            let mut heads: Vec<&mut [f32]> =
-                accs.iter_mut().map(|a| &mut a[..self.head_dim]).collect();
-            for (t, row) in blocks.chunks_exact(self.block_bytes()).enumerate() {
-                for (wh, ws) in w.iter_mut().zip(weights) {
-                    *wh = ws[t];
-                }
-                // SAFETY: as in `score_group`.
-                unsafe { avx2::accumulate_row_group(self.ty, &w, row, &mut heads) };
+            assert_eq!(blocks.len() / self.ty.block_bytes() * QK, rows.len());
+            if crate::simd::use_avx512() && matches!(self.ty, GgmlType::Q4_0 | GgmlType::Q8_0) {
+                // SAFETY: AVX-512F/DQ are present; `blocks` holds one block per 32 outputs.
+                unsafe { avx512::dequantize(self.ty, blocks, rows) };
+                return;
             }
+            // SAFETY: AVX2/FMA/F16C are present; `blocks` holds one block per 32 outputs.
+            unsafe { avx2::dequantize(self.ty, blocks, rows) };
             return;
         }
-        for (w, a) in weights.iter().zip(accs.iter_mut()) {
-            self.accumulate(w, blocks, a);
+        self.ty.dequantize_row(blocks, rows);
+    }
+}
+
+/// AVX-512 dequantization of the two most used types: a block is two vectors of 16 f32.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{GgmlType, QK};
+    use crate::simd::avx2::f16_at;
+    use std::arch::x86_64::*;
+
+    /// Dequantizes consecutive Q4_0 or Q8_0 blocks into `out` (32 values per block).
+    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    pub unsafe fn dequantize(ty: GgmlType, blocks: &[u8], out: &mut [f32]) {
+        let bb = ty.block_bytes();
+        assert!(blocks.len() / bb * QK == out.len());
+        let nibble = _mm512_set1_epi32(0x0F);
+        for (b, block) in blocks.chunks_exact(bb).enumerate() {
+            let (p, o) = (block.as_ptr(), out.as_mut_ptr().add(b * QK));
+            let d = f16_at(p);
+            let dv = _mm512_set1_ps(d);
+            if ty == GgmlType::Q8_0 {
+                for k in 0..2 {
+                    let bytes = _mm_loadu_si128(p.add(2 + 16 * k) as *const __m128i);
+                    let x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+                    _mm512_storeu_ps(o.add(16 * k), _mm512_mul_ps(dv, x));
+                }
+            } else {
+                // Element j < 16 is the low nibble of byte j, j ≥ 16 the high one; d·(n − 8).
+                let bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(2) as *const __m128i));
+                let low = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, nibble));
+                let high = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
+                let shift = _mm512_set1_ps(-8.0 * d);
+                _mm512_storeu_ps(o, _mm512_fmadd_ps(dv, low, shift));
+                _mm512_storeu_ps(o.add(16), _mm512_fmadd_ps(dv, high, shift));
+            }
         }
     }
 }
@@ -469,9 +482,6 @@ mod avx2 {
     use super::{GgmlType, IQ4_NL_VALUES, QK};
     use crate::simd::avx2::{f16_at, hsum, Lut};
     use std::arch::x86_64::*;
-
-    /// Query heads the group kernels handle at once.
-    pub const GROUP: usize = 8;
 
     /// The levels of elements `8k..8k+8` of `block`, for `k` = 0..4 (`d·level + m` is the value).
     #[inline]
@@ -560,82 +570,23 @@ mod avx2 {
         hsum(total) + bias
     }
 
-    /// [`score_row`] for the query heads of a group: each block is unpacked once.
-    /// `queries[h]` is a prepared query (`head_dim` values then the block sums).
+    /// Dequantizes consecutive blocks: `out[32b..32b+32] = d_b·level + m_b`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn score_row_group(
-        ty: GgmlType,
-        head_dim: usize,
-        queries: &[&[f32]],
-        row: &[u8],
-        out: &mut [f32],
-    ) {
+    pub unsafe fn dequantize(ty: GgmlType, blocks: &[u8], out: &mut [f32]) {
         let lut = Lut::new(&IQ4_NL_LEVELS);
-        let bb = ty.block_bytes();
-        assert!(
-            row.len() >= head_dim / QK * bb && out.len() == queries.len() && queries.len() <= GROUP
-        );
-        let mut total = [_mm256_setzero_ps(); GROUP];
-        let mut bias = [0.0f32; GROUP];
-        for b in 0..head_dim / QK {
-            let block = row.as_ptr().add(b * bb);
-            let x = levels(ty, block, lut);
-            let d = _mm256_set1_ps(f16_at(block));
-            let m = if ty.has_min() {
-                f16_at(block.add(2))
+        for (block, out) in blocks
+            .chunks_exact(ty.block_bytes())
+            .zip(out.chunks_exact_mut(QK))
+        {
+            let x = levels(ty, block.as_ptr(), lut);
+            let d = _mm256_set1_ps(f16_at(block.as_ptr()));
+            let m = _mm256_set1_ps(if ty.has_min() {
+                f16_at(block.as_ptr().add(2))
             } else {
                 0.0
-            };
-            for (h, q) in queries.iter().enumerate() {
-                let qb = q[b * QK..(b + 1) * QK].as_ptr();
-                let mut dot = _mm256_mul_ps(_mm256_loadu_ps(qb), x[0]);
-                let mut dot2 = _mm256_mul_ps(_mm256_loadu_ps(qb.add(8)), x[1]);
-                dot = _mm256_fmadd_ps(_mm256_loadu_ps(qb.add(16)), x[2], dot);
-                dot2 = _mm256_fmadd_ps(_mm256_loadu_ps(qb.add(24)), x[3], dot2);
-                total[h] = _mm256_fmadd_ps(d, _mm256_add_ps(dot, dot2), total[h]);
-                if ty.has_min() {
-                    bias[h] += m * q[head_dim + b];
-                }
-            }
-        }
-        for h in 0..queries.len() {
-            out[h] = hsum(total[h]) + bias[h];
-        }
-    }
-
-    /// [`accumulate_row`] for the query heads of a group: each block is unpacked once.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn accumulate_row_group(
-        ty: GgmlType,
-        weights: &[f32],
-        row: &[u8],
-        accs: &mut [&mut [f32]],
-    ) {
-        let lut = Lut::new(&IQ4_NL_LEVELS);
-        let bb = ty.block_bytes();
-        let head_dim = accs[0].len();
-        assert!(row.len() >= head_dim / QK * bb && weights.len() == accs.len());
-        for b in 0..head_dim / QK {
-            let block = row.as_ptr().add(b * bb);
-            let x = levels(ty, block, lut);
-            let (d, m) = (
-                f16_at(block),
-                if ty.has_min() {
-                    f16_at(block.add(2))
-                } else {
-                    0.0
-                },
-            );
-            for (&w, acc) in weights.iter().zip(accs.iter_mut()) {
-                let (wd, wm) = (_mm256_set1_ps(w * d), _mm256_set1_ps(w * m));
-                let out = acc[b * QK..(b + 1) * QK].as_mut_ptr();
-                for (k, x) in x.into_iter().enumerate() {
-                    let a = out.add(8 * k);
-                    _mm256_storeu_ps(
-                        a,
-                        _mm256_fmadd_ps(wd, x, _mm256_add_ps(_mm256_loadu_ps(a), wm)),
-                    );
-                }
+            });
+            for (k, x) in x.into_iter().enumerate() {
+                _mm256_storeu_ps(out.as_mut_ptr().add(8 * k), _mm256_fmadd_ps(d, x, m));
             }
         }
     }

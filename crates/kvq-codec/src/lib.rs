@@ -28,6 +28,7 @@ pub mod oaken;
 pub mod registry;
 pub mod rotation;
 pub mod simd;
+pub mod tile;
 pub mod turbo;
 pub mod uniform;
 
@@ -164,12 +165,10 @@ pub trait Codec: Send + Sync {
     /// `scores.len() == blocks.len() / block_bytes · block_tokens`.
     fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]);
     /// [`Codec::score`] for several prepared queries at once — the query heads that share one
-    /// KV head: `scores[h]` receives the scores of `queries[h]`. The default scores them one
-    /// after another; codecs override it to decode each row once for the whole group.
+    /// KV head: `scores[h]` receives the scores of `queries[h]`. The default decodes each row
+    /// once, into a small working-space tile, for the whole group ([`tile::score_group`]).
     fn score_group(&self, queries: &[&[f32]], blocks: &[u8], scores: &mut [&mut [f32]]) {
-        for (q, s) in queries.iter().zip(scores.iter_mut()) {
-            self.score(q, blocks, s);
-        }
+        tile::score_group(self, queries, blocks, scores);
     }
     /// Length of the accumulator [`Codec::accumulate`] works in.
     fn accumulator_len(&self) -> usize {
@@ -179,10 +178,29 @@ pub trait Codec: Send + Sync {
     /// codec's accumulator space; `weights.len()` equals the number of rows.
     fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]);
     /// [`Codec::accumulate`] for several weight rows at once (one per query head of a group):
-    /// `accs[h] += Σ_t weights[h][t]·v_t`. The default accumulates them one after another.
+    /// `accs[h] += Σ_t weights[h][t]·v_t`. The default goes through decoded tiles, as
+    /// [`Codec::score_group`] does ([`tile::accumulate_group`]).
     fn accumulate_group(&self, weights: &[&[f32]], blocks: &[u8], accs: &mut [&mut [f32]]) {
-        for (w, a) in weights.iter().zip(accs.iter_mut()) {
-            self.accumulate(w, blocks, a);
+        tile::accumulate_group(self, weights, blocks, accs);
+    }
+    /// Width of the rows [`Codec::decode_working`] writes.
+    fn working_len(&self) -> usize {
+        self.head_dim()
+    }
+    /// Decodes a run of whole blocks into rows of the codec's working space,
+    /// `working_len` values per row, such that `score(q)[t] == prepared_q[..working_len]·row_t`
+    /// and `accumulate` adds `w·row_t` to `acc[..working_len]`. The default decodes to the
+    /// values themselves, the working space of every codec whose prepared query and
+    /// accumulator begin with the plain query and values; codecs that work in another space
+    /// (rotated coordinates) override it. A codec whose scores or sums have terms outside
+    /// its working space (a key mean) overrides the group kernels as well.
+    fn decode_working(&self, blocks: &[u8], rows: &mut [f32]) {
+        let per_block = self.block_tokens() * self.head_dim();
+        for (block, out) in blocks
+            .chunks_exact(self.block_bytes())
+            .zip(rows.chunks_exact_mut(per_block))
+        {
+            self.decode(block, out);
         }
     }
     /// Turns an accumulator into output values (`head_dim` long); the default copies it.

@@ -169,8 +169,35 @@ impl Codec for ChannelNorm {
         }
     }
 
+    fn score_group(&self, queries: &[&[f32]], blocks: &[u8], scores: &mut [&mut [f32]]) {
+        let inner_len = self.inner.query_len();
+        let inner: Vec<&[f32]> = queries.iter().map(|q| &q[..inner_len]).collect();
+        self.inner.score_group(&inner, blocks, scores);
+        for (q, s) in queries.iter().zip(scores.iter_mut()) {
+            s.iter_mut().for_each(|x| *x += q[inner_len]);
+        }
+    }
+
     fn accumulator_len(&self) -> usize {
         self.inner.accumulator_len() + 1
+    }
+
+    fn accumulate_group(&self, weights: &[&[f32]], blocks: &[u8], accs: &mut [&mut [f32]]) {
+        let inner_len = self.inner.accumulator_len();
+        let mut inner: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..inner_len]).collect();
+        self.inner.accumulate_group(weights, blocks, &mut inner);
+        for (w, a) in weights.iter().zip(accs.iter_mut()) {
+            a[inner_len] += w.iter().sum::<f32>();
+        }
+    }
+
+    /// The inner codec's working space; the group kernels add the mean terms outside it.
+    fn working_len(&self) -> usize {
+        self.inner.working_len()
+    }
+
+    fn decode_working(&self, blocks: &[u8], rows: &mut [f32]) {
+        self.inner.decode_working(blocks, rows);
     }
 
     fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]) {

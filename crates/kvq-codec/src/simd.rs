@@ -36,6 +36,24 @@ pub fn use_avx2() -> bool {
     false
 }
 
+/// Whether the AVX-512 versions of the group kernels may run (AVX-512F/DQ present, and
+/// [`use_avx2`]).
+#[inline]
+pub fn use_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        use_avx2()
+            && *HAS.get_or_init(|| {
+                std::is_x86_feature_detected!("avx512f")
+                    && std::is_x86_feature_detected!("avx512dq")
+            })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Storage of a row of floats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowFormat {
@@ -45,6 +63,16 @@ pub enum RowFormat {
     F16,
     /// Little-endian bfloat16.
     Bf16,
+}
+
+impl RowFormat {
+    /// Bytes per stored value.
+    pub fn bytes(self) -> usize {
+        match self {
+            RowFormat::F32 => 4,
+            RowFormat::F16 | RowFormat::Bf16 => 2,
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -117,9 +145,6 @@ pub fn axpy_rows(format: RowFormat, weights: &[f32], rows: &[u8], acc: &mut [f32
     }
 }
 
-/// Heads a group kernel keeps in registers at once.
-const GROUP_MAX: usize = 8;
-
 /// [`dot_rows`] for several queries: each row is loaded and converted once for all of them.
 pub fn dot_rows_group(
     format: RowFormat,
@@ -129,12 +154,15 @@ pub fn dot_rows_group(
 ) {
     #[cfg(target_arch = "x86_64")]
     if use_avx2()
-        && queries.len() <= GROUP_MAX
         && queries
             .iter()
             .all(|q| q.len().is_multiple_of(8) && q.len() == queries[0].len())
     {
-        // SAFETY: AVX2/FMA/F16C are present; every access is bounds-checked by slicing.
+        if use_avx512() && queries[0].len().is_multiple_of(16) {
+            // SAFETY: AVX-512F/DQ are present; lengths are checked inside.
+            return unsafe { avx512::dot_rows_group(format, queries, rows, scores) };
+        }
+        // SAFETY: AVX2/FMA/F16C are present; lengths are checked inside.
         return unsafe { avx2::dot_rows_group(format, queries, rows, scores) };
     }
     for (q, s) in queries.iter().zip(scores.iter_mut()) {
@@ -151,17 +179,36 @@ pub fn axpy_rows_group(
 ) {
     #[cfg(target_arch = "x86_64")]
     if use_avx2()
-        && weights.len() <= GROUP_MAX
         && accs
             .iter()
-            .all(|a| a.len().is_multiple_of(8) && a.len() == accs[0].len())
+            .all(|a| a.len().is_multiple_of(16) && a.len() == accs[0].len())
     {
+        if use_avx512() && accs[0].len().is_multiple_of(64) {
+            // SAFETY: as in `dot_rows_group`.
+            return unsafe { avx512::axpy_rows_group(format, weights, rows, accs) };
+        }
         // SAFETY: as in `dot_rows_group`.
         return unsafe { avx2::axpy_rows_group(format, weights, rows, accs) };
     }
     for (w, a) in weights.iter().zip(accs.iter_mut()) {
         axpy_rows(format, w, rows, a);
     }
+}
+
+/// `xs[i] = e^(xs[i] − max)` (0 where `xs[i]` is −∞), returning the sum: the softmax step of
+/// attention. The vector path's relative error is below 3·10⁻⁷.
+pub fn exp_shifted(xs: &mut [f32], max: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: the CPU supports AVX2 and FMA.
+        return unsafe { avx2::exp_shifted(xs, max) };
+    }
+    let mut sum = 0.0;
+    for x in xs.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    sum
 }
 
 /// The 8 codes of width `B` packed in `bytes[..B]` (least significant bit first).
@@ -244,6 +291,44 @@ pub fn axpy_codes(packed: &[u8], bits: u32, a: &[f32], b: &[f32], acc: &mut [f32
     }
     with_width!(bits, B => each_code::<B>(packed, acc.len(), |i, c| {
         acc[i] += a[i / group] * f32::from(c) + b[i / group];
+    }));
+}
+
+/// `out[i] = a[g]·code_i + b[g]`: the `out.len()` codes of width `bits` decoded with one
+/// affine map per group. Groups are `out.len() / a.len()` codes long: a multiple of 8, or 1
+/// (a map per code, as for per-channel parameters).
+pub fn decode_codes(packed: &[u8], bits: u32, a: &[f32], b: &[f32], out: &mut [f32]) {
+    let group = out.len() / a.len();
+    assert!(
+        (group == 1 || group.is_multiple_of(8))
+            && out.len().is_multiple_of(8)
+            && group * a.len() == out.len()
+            && b.len() == a.len()
+    );
+    assert!(packed.len() >= out.len() / 8 * bits as usize);
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: as in `dot_codes`.
+        return with_width!(bits, B => unsafe { avx2::decode_codes::<B>(packed, a, b, None, out) });
+    }
+    with_width!(bits, B => each_code::<B>(packed, out.len(), |i, c| {
+        out[i] = a[i / group] * f32::from(c) + b[i / group];
+    }));
+}
+
+/// `out[i] = a·lut[code_i]` over the `out.len()` (a multiple of 8) codes of width `bits` ≤ 4.
+pub fn decode_lut(packed: &[u8], bits: u32, lut: &[f32; 16], a: f32, out: &mut [f32]) {
+    assert!(bits <= 4 && out.len().is_multiple_of(8));
+    assert!(packed.len() >= out.len() / 8 * bits as usize);
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: as in `dot_codes`.
+        return with_width!(bits, B => unsafe {
+            avx2::decode_codes::<B>(packed, &[a], &[0.0], Some(avx2::Lut::new(lut)), out)
+        });
+    }
+    with_width!(bits, B => each_code::<B>(packed, out.len(), |i, c| {
+        out[i] = a * lut[usize::from(c)];
     }));
 }
 
@@ -417,6 +502,42 @@ pub(crate) mod avx2 {
         }
     }
 
+    /// [`super::decode_codes`] (and [`super::decode_lut`] with `lut`) for code width `B`;
+    /// `packed` must hold `out.len()/8·B` bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn decode_codes<const B: usize>(
+        packed: &[u8],
+        a: &[f32],
+        b: &[f32],
+        lut: Option<Lut>,
+        out: &mut [f32],
+    ) {
+        let (mut p, o) = (packed.as_ptr(), out.as_mut_ptr());
+        if a.len() == out.len() {
+            for i in (0..out.len()).step_by(8) {
+                let x = levels(codes8::<B>(p), lut);
+                let (av, bv) = (
+                    _mm256_loadu_ps(a.as_ptr().add(i)),
+                    _mm256_loadu_ps(b.as_ptr().add(i)),
+                );
+                _mm256_storeu_ps(o.add(i), _mm256_fmadd_ps(av, x, bv));
+                p = p.add(B);
+            }
+            return;
+        }
+        let per_group = out.len() / a.len() / 8;
+        let mut i = 0;
+        for (&a, &b) in a.iter().zip(b) {
+            let (av, bv) = (_mm256_set1_ps(a), _mm256_set1_ps(b));
+            for _ in 0..per_group {
+                let x = levels(codes8::<B>(p), lut);
+                _mm256_storeu_ps(o.add(i), _mm256_fmadd_ps(av, x, bv));
+                p = p.add(B);
+                i += 8;
+            }
+        }
+    }
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load8(format: RowFormat, row: &[u8], i: usize) -> __m256 {
@@ -508,7 +629,117 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// [`super::dot_rows_group`].
+    /// `e^x` per lane for `x ≤ 0`: `2^n·e^f` with `n = round(x/ln 2)`, `|f| ≤ ln 2 / 2`, and a
+    /// degree-7 Taylor polynomial for `e^f`; lanes below −87 give 0.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        let tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0), _CMP_LT_OQ);
+        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
+        let n = _mm256_round_ps(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        );
+        // f = x − n·ln 2 in two steps (ln 2 = hi + lo, hi exact in 16 bits).
+        let f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
+        let f = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), f);
+        let mut p = _mm256_set1_ps(1.0 / 5040.0);
+        for c in [
+            1.0 / 720.0,
+            1.0 / 120.0,
+            1.0 / 24.0,
+            1.0 / 6.0,
+            0.5,
+            1.0,
+            1.0,
+        ] {
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
+        }
+        let two_n = _mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+            23,
+        );
+        _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(two_n)))
+    }
+
+    /// [`super::exp_shifted`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn exp_shifted(xs: &mut [f32], max: f32) -> f32 {
+        let m = _mm256_set1_ps(max);
+        let mut sum = _mm256_setzero_ps();
+        let mut chunks = xs.chunks_exact_mut(8);
+        for c in &mut chunks {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), m));
+            _mm256_storeu_ps(c.as_mut_ptr(), e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        let mut total = hsum(sum);
+        for x in chunks.into_remainder() {
+            let mut lane = [0f32; 8];
+            lane[0] = *x - max;
+            let e = exp8(_mm256_loadu_ps(lane.as_ptr()));
+            *x = _mm256_cvtss_f32(e);
+            total += *x;
+        }
+        total
+    }
+
+    /// 8 values at element `i` of the row at `row` (no bounds check).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8_at(format: RowFormat, row: *const u8, i: usize) -> __m256 {
+        match format {
+            RowFormat::F32 => _mm256_loadu_ps(row.add(4 * i) as *const f32),
+            RowFormat::F16 => _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i)),
+            RowFormat::Bf16 => {
+                let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(row.add(2 * i) as *const __m128i));
+                _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+            }
+        }
+    }
+
+    /// The lane sums of `a[0]`, …, `a[7]`, in that order, as one vector.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn hsum8(a: [__m256; 8]) -> __m256 {
+        let t0 = _mm256_hadd_ps(a[0], a[1]);
+        let t1 = _mm256_hadd_ps(a[2], a[3]);
+        let t2 = _mm256_hadd_ps(a[4], a[5]);
+        let t3 = _mm256_hadd_ps(a[6], a[7]);
+        let (u0, u1) = (_mm256_hadd_ps(t0, t1), _mm256_hadd_ps(t2, t3));
+        _mm256_add_ps(
+            _mm256_permute2f128_ps(u0, u1, 0x20),
+            _mm256_permute2f128_ps(u0, u1, 0x31),
+        )
+    }
+
+    /// Scores of the 4 rows at `rows` (`row_bytes` apart) for the `H` (1 or 2) queries at
+    /// `q`: one vector whose lanes `4h..4h+4` are query `h`'s. Each row is converted once for
+    /// both queries; the 8 accumulators are independent FMA chains.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn score4<const H: usize>(
+        format: RowFormat,
+        q: [*const f32; H],
+        d: usize,
+        rows: *const u8,
+        row_bytes: usize,
+    ) -> __m256 {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for i in (0..d).step_by(8) {
+            let x: [__m256; 4] =
+                std::array::from_fn(|k| load8_at(format, rows.add(k * row_bytes), i));
+            for h in 0..H {
+                let qv = _mm256_loadu_ps(q[h].add(i));
+                for k in 0..4 {
+                    acc[4 * h + k] = _mm256_fmadd_ps(qv, x[k], acc[4 * h + k]);
+                }
+            }
+        }
+        hsum8(acc)
+    }
+
+    /// [`super::dot_rows_group`]: blocks of 4 rows × 2 queries, reduced 8 at a time.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_rows_group(
         format: RowFormat,
@@ -516,26 +747,70 @@ pub(crate) mod avx2 {
         rows: &[u8],
         scores: &mut [&mut [f32]],
     ) {
-        let n = queries.len();
-        let d = queries[0].len();
-        let row_bytes = rows.len() / scores[0].len().max(1);
-        for t in 0..scores[0].len() {
-            let row = &rows[t * row_bytes..][..row_bytes];
-            let mut acc = [_mm256_setzero_ps(); super::GROUP_MAX];
-            for i in (0..d).step_by(8) {
-                let x = load8(format, row, i);
-                for h in 0..n {
-                    let q = &queries[h][i..i + 8];
-                    acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr()), x, acc[h]);
-                }
+        let (heads, d, n) = (queries.len(), queries[0].len(), scores[0].len());
+        let row_bytes = rows.len() / n.max(1);
+        assert!(row_bytes >= d * format.bytes() && scores.iter().all(|s| s.len() == n));
+        let mut t = 0;
+        while t + 4 <= n {
+            let r = rows.as_ptr().add(t * row_bytes);
+            let mut h = 0;
+            while h + 2 <= heads {
+                let q = [queries[h].as_ptr(), queries[h + 1].as_ptr()];
+                let s = score4::<2>(format, q, d, r, row_bytes);
+                _mm_storeu_ps(scores[h][t..t + 4].as_mut_ptr(), _mm256_castps256_ps128(s));
+                _mm_storeu_ps(
+                    scores[h + 1][t..t + 4].as_mut_ptr(),
+                    _mm256_extractf128_ps(s, 1),
+                );
+                h += 2;
             }
-            for h in 0..n {
-                scores[h][t] = hsum(acc[h]);
+            if h < heads {
+                let s = score4::<1>(format, [queries[h].as_ptr()], d, r, row_bytes);
+                _mm_storeu_ps(scores[h][t..t + 4].as_mut_ptr(), _mm256_castps256_ps128(s));
+            }
+            t += 4;
+        }
+        for t in t..n {
+            let row = &rows[t * row_bytes..][..row_bytes];
+            for (q, s) in queries.iter().zip(scores.iter_mut()) {
+                s[t] = dot(format, q, row);
             }
         }
     }
 
-    /// [`super::axpy_rows_group`].
+    /// `accs[h][i..i+16] += Σ_t w[h][t]·row_t[i..i+16]` for `H` ≤ 4 heads: the 2H
+    /// accumulators stay in registers over all rows.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn accumulate16<const H: usize>(
+        format: RowFormat,
+        w: [*const f32; H],
+        rows: *const u8,
+        row_bytes: usize,
+        n: usize,
+        i: usize,
+        acc: [*mut f32; H],
+    ) {
+        let mut sum = [[_mm256_setzero_ps(); 2]; H];
+        for t in 0..n {
+            let row = rows.add(t * row_bytes);
+            let x = [load8_at(format, row, i), load8_at(format, row, i + 8)];
+            for h in 0..H {
+                let wv = _mm256_broadcast_ss(&*w[h].add(t));
+                sum[h][0] = _mm256_fmadd_ps(wv, x[0], sum[h][0]);
+                sum[h][1] = _mm256_fmadd_ps(wv, x[1], sum[h][1]);
+            }
+        }
+        for h in 0..H {
+            for (k, s) in sum[h].into_iter().enumerate() {
+                let a = acc[h].add(i + 8 * k);
+                _mm256_storeu_ps(a, _mm256_add_ps(_mm256_loadu_ps(a), s));
+            }
+        }
+    }
+
+    /// [`super::axpy_rows_group`] for accumulators of a multiple of 16 values: 16 channels of
+    /// up to 4 heads at a time, summed in registers over every row.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn axpy_rows_group(
         format: RowFormat,
@@ -543,21 +818,49 @@ pub(crate) mod avx2 {
         rows: &[u8],
         accs: &mut [&mut [f32]],
     ) {
-        let n = weights.len();
-        let d = accs[0].len();
-        let row_bytes = rows.len() / weights[0].len().max(1);
-        for t in 0..weights[0].len() {
-            let row = &rows[t * row_bytes..][..row_bytes];
-            let w: [__m256; super::GROUP_MAX] =
-                std::array::from_fn(|h| _mm256_set1_ps(if h < n { weights[h][t] } else { 0.0 }));
-            for i in (0..d).step_by(8) {
-                let x = load8(format, row, i);
-                for h in 0..n {
-                    let a = &mut accs[h][i..i + 8];
-                    let v = _mm256_fmadd_ps(w[h], x, _mm256_loadu_ps(a.as_ptr()));
-                    _mm256_storeu_ps(a.as_mut_ptr(), v);
+        let (heads, d, n) = (weights.len(), accs[0].len(), weights[0].len());
+        let row_bytes = rows.len() / n.max(1);
+        assert!(
+            d % 16 == 0
+                && row_bytes >= d * format.bytes()
+                && row_bytes * n <= rows.len()
+                && weights.iter().all(|w| w.len() == n)
+                && accs.iter().all(|a| a.len() == d)
+        );
+        let r = rows.as_ptr();
+        let mut h = 0;
+        while h < heads {
+            let w = |k: usize| weights[h + k].as_ptr();
+            let take = (heads - h).min(4);
+            let a: Vec<*mut f32> = accs[h..h + take]
+                .iter_mut()
+                .map(|a| a.as_mut_ptr())
+                .collect();
+            for i in (0..d).step_by(16) {
+                match take {
+                    4 => accumulate16::<4>(
+                        format,
+                        [w(0), w(1), w(2), w(3)],
+                        r,
+                        row_bytes,
+                        n,
+                        i,
+                        [a[0], a[1], a[2], a[3]],
+                    ),
+                    3 => accumulate16::<3>(
+                        format,
+                        [w(0), w(1), w(2)],
+                        r,
+                        row_bytes,
+                        n,
+                        i,
+                        [a[0], a[1], a[2]],
+                    ),
+                    2 => accumulate16::<2>(format, [w(0), w(1)], r, row_bytes, n, i, [a[0], a[1]]),
+                    _ => accumulate16::<1>(format, [w(0)], r, row_bytes, n, i, [a[0]]),
                 }
             }
+            h += take;
         }
     }
 
@@ -571,6 +874,187 @@ pub(crate) mod avx2 {
                 p,
                 _mm256_fmadd_ps(wv, load8(format, row, i), _mm256_loadu_ps(p)),
             );
+        }
+    }
+}
+
+/// AVX-512 versions of the group kernels: twice the lanes per instruction, and the
+/// accumulation keeps 64 channels of 4 heads in registers, its weights broadcast from memory.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::avx2::hsum8;
+    use super::RowFormat;
+    use std::arch::x86_64::*;
+
+    /// 16 values at element `i` of the row at `row` (no bounds check).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    unsafe fn load16_at(format: RowFormat, row: *const u8, i: usize) -> __m512 {
+        match format {
+            RowFormat::F32 => _mm512_loadu_ps(row.add(4 * i) as *const f32),
+            RowFormat::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(row.add(2 * i) as *const __m256i)),
+            RowFormat::Bf16 => {
+                let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(row.add(2 * i) as *const __m256i));
+                _mm512_castsi512_ps(_mm512_slli_epi32(h, 16))
+            }
+        }
+    }
+
+    /// As `avx2::score4`, 16 channels per step.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    unsafe fn score4<const H: usize>(
+        format: RowFormat,
+        q: [*const f32; H],
+        d: usize,
+        rows: *const u8,
+        row_bytes: usize,
+    ) -> __m256 {
+        let mut acc = [_mm512_setzero_ps(); 8];
+        for i in (0..d).step_by(16) {
+            let x: [__m512; 4] =
+                std::array::from_fn(|k| load16_at(format, rows.add(k * row_bytes), i));
+            for h in 0..H {
+                let qv = _mm512_loadu_ps(q[h].add(i));
+                for k in 0..4 {
+                    acc[4 * h + k] = _mm512_fmadd_ps(qv, x[k], acc[4 * h + k]);
+                }
+            }
+        }
+        hsum8(std::array::from_fn(|j| {
+            _mm256_add_ps(
+                _mm512_castps512_ps256(acc[j]),
+                _mm512_extractf32x8_ps(acc[j], 1),
+            )
+        }))
+    }
+
+    /// [`super::dot_rows_group`] for queries of a multiple of 16 values.
+    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    pub unsafe fn dot_rows_group(
+        format: RowFormat,
+        queries: &[&[f32]],
+        rows: &[u8],
+        scores: &mut [&mut [f32]],
+    ) {
+        let (heads, d, n) = (queries.len(), queries[0].len(), scores[0].len());
+        let row_bytes = rows.len() / n.max(1);
+        assert!(
+            d % 16 == 0
+                && row_bytes >= d * format.bytes()
+                && queries.iter().all(|q| q.len() == d)
+                && scores.iter().all(|s| s.len() == n)
+        );
+        let mut t = 0;
+        while t + 4 <= n {
+            let r = rows.as_ptr().add(t * row_bytes);
+            let mut h = 0;
+            while h + 2 <= heads {
+                let q = [queries[h].as_ptr(), queries[h + 1].as_ptr()];
+                let s = score4::<2>(format, q, d, r, row_bytes);
+                _mm_storeu_ps(scores[h][t..t + 4].as_mut_ptr(), _mm256_castps256_ps128(s));
+                _mm_storeu_ps(
+                    scores[h + 1][t..t + 4].as_mut_ptr(),
+                    _mm256_extractf128_ps(s, 1),
+                );
+                h += 2;
+            }
+            if h < heads {
+                let s = score4::<1>(format, [queries[h].as_ptr()], d, r, row_bytes);
+                _mm_storeu_ps(scores[h][t..t + 4].as_mut_ptr(), _mm256_castps256_ps128(s));
+            }
+            t += 4;
+        }
+        for t in t..n {
+            let row = &rows[t * row_bytes..][..row_bytes];
+            for (q, s) in queries.iter().zip(scores.iter_mut()) {
+                s[t] = super::dot(format, q, row);
+            }
+        }
+    }
+
+    /// As `avx2::accumulate16`, for 64 channels.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    unsafe fn accumulate64<const H: usize>(
+        format: RowFormat,
+        w: [*const f32; H],
+        rows: *const u8,
+        row_bytes: usize,
+        n: usize,
+        i: usize,
+        acc: [*mut f32; H],
+    ) {
+        let mut sum = [[_mm512_setzero_ps(); 4]; H];
+        for t in 0..n {
+            let row = rows.add(t * row_bytes);
+            let x: [__m512; 4] = std::array::from_fn(|k| load16_at(format, row, i + 16 * k));
+            for h in 0..H {
+                let wv = _mm512_set1_ps(*w[h].add(t));
+                for k in 0..4 {
+                    sum[h][k] = _mm512_fmadd_ps(wv, x[k], sum[h][k]);
+                }
+            }
+        }
+        for h in 0..H {
+            for (k, s) in sum[h].into_iter().enumerate() {
+                let a = acc[h].add(i + 16 * k);
+                _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), s));
+            }
+        }
+    }
+
+    /// [`super::axpy_rows_group`] for accumulators of a multiple of 64 values.
+    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    pub unsafe fn axpy_rows_group(
+        format: RowFormat,
+        weights: &[&[f32]],
+        rows: &[u8],
+        accs: &mut [&mut [f32]],
+    ) {
+        let (heads, d, n) = (weights.len(), accs[0].len(), weights[0].len());
+        let row_bytes = rows.len() / n.max(1);
+        assert!(
+            d % 64 == 0
+                && row_bytes >= d * format.bytes()
+                && row_bytes * n <= rows.len()
+                && weights.iter().all(|w| w.len() == n)
+                && accs.iter().all(|a| a.len() == d)
+        );
+        let r = rows.as_ptr();
+        let mut h = 0;
+        while h < heads {
+            let w = |k: usize| weights[h + k].as_ptr();
+            let take = (heads - h).min(4);
+            let a: Vec<*mut f32> = accs[h..h + take]
+                .iter_mut()
+                .map(|a| a.as_mut_ptr())
+                .collect();
+            for i in (0..d).step_by(64) {
+                match take {
+                    4 => accumulate64::<4>(
+                        format,
+                        [w(0), w(1), w(2), w(3)],
+                        r,
+                        row_bytes,
+                        n,
+                        i,
+                        [a[0], a[1], a[2], a[3]],
+                    ),
+                    3 => accumulate64::<3>(
+                        format,
+                        [w(0), w(1), w(2)],
+                        r,
+                        row_bytes,
+                        n,
+                        i,
+                        [a[0], a[1], a[2]],
+                    ),
+                    2 => accumulate64::<2>(format, [w(0), w(1)], r, row_bytes, n, i, [a[0], a[1]]),
+                    _ => accumulate64::<1>(format, [w(0)], r, row_bytes, n, i, [a[0]]),
+                }
+            }
+            h += take;
         }
     }
 }
@@ -611,6 +1095,32 @@ mod tests {
     }
 
     #[test]
+    fn vector_exp_matches_std() {
+        let xs: Vec<f32> = (0..2000)
+            .map(|i| -(i as f32) * 0.05 + 0.5)
+            .chain([f32::NEG_INFINITY, -87.5, -86.9, 0.0])
+            .collect();
+        let max = 0.5;
+        let mut v = xs.clone();
+        let sum = exp_shifted(&mut v, max);
+        let mut exact_sum = 0.0f64;
+        for (x, e) in xs.iter().zip(&v) {
+            let exact = (f64::from(*x) - f64::from(max)).exp();
+            exact_sum += exact;
+            let tolerance = if *x - max < -87.0 {
+                1e-37
+            } else {
+                3e-7 * exact
+            };
+            assert!(
+                (f64::from(*e) - exact).abs() <= tolerance,
+                "exp({x} − {max}): {e} vs {exact}"
+            );
+        }
+        assert!((f64::from(sum) - exact_sum).abs() < 1e-5 * exact_sum);
+    }
+
+    #[test]
     fn code_kernels_agree_with_scalar() {
         let lut: [f32; 16] = std::array::from_fn(|i| (i as f32 - 7.3) * 0.37);
         for bits in [1u32, 2, 3, 4, 8] {
@@ -648,8 +1158,16 @@ mod tests {
 
     #[test]
     fn group_kernels_equal_one_query_at_a_time() {
-        for format in [RowFormat::F32, RowFormat::F16, RowFormat::Bf16] {
-            let (d, rows, heads) = (64, 9, 4);
+        // Rows not a multiple of the 4-row block; head counts around the 2- and 4-head blocks.
+        for (format, heads) in [
+            (RowFormat::F32, 1),
+            (RowFormat::F32, 5),
+            (RowFormat::F16, 4),
+            (RowFormat::F16, 3),
+            (RowFormat::Bf16, 8),
+            (RowFormat::Bf16, 2),
+        ] {
+            let (d, rows) = (64, 9);
             let xs: Vec<f32> = (0..rows * d)
                 .map(|i| ((i * 13 % 11) as f32 - 5.0) / 7.0)
                 .collect();

@@ -347,9 +347,15 @@ impl TurboCodec {
         })
     }
 
-    /// `√(π/2)/d`, the QJL estimator's scale.
+    /// `√(π/2)/d`, the QJL estimator's scale. The prepared query carries it on the score side,
+    /// [`Codec::finish`] on the value side.
     fn qjl_scale(&self) -> f32 {
         (std::f32::consts::FRAC_PI_2).sqrt() / self.head_dim as f32
+    }
+
+    /// The weight of a row's QJL signs: `‖x‖·γ`, the row's norm times its residual's norm.
+    fn qjl_weight(&self, row: &[u8], qjl: &Qjl) -> f32 {
+        read_f16(row, self.parts[0].norm_offset) * read_f16(row, qjl.gamma_offset)
     }
 }
 
@@ -484,8 +490,9 @@ impl Codec for TurboCodec {
         }
         if let Some(qjl) = &self.qjl {
             let d = self.head_dim;
+            let scale = self.qjl_scale();
             for (row, p) in qjl.sketch.chunks_exact(d).zip(&mut prepared[d..2 * d]) {
-                *p = row.iter().zip(&scaled).map(|(a, b)| a * b).sum();
+                *p = scale * row.iter().zip(&scaled).map(|(a, b)| a * b).sum::<f32>();
             }
         }
     }
@@ -506,12 +513,36 @@ impl Codec for TurboCodec {
                 let sketched = &prepared_query[d..2 * d];
                 let signs = &row[qjl.signs_offset..qjl.signs_offset + bits::packed_len(d, 1)];
                 let dot = simd::dot_lut(signs, 1, &SIGN_LEVELS, sketched);
-                total += read_f16(row, self.parts[0].norm_offset)
-                    * self.qjl_scale()
-                    * read_f16(row, qjl.gamma_offset)
-                    * dot;
+                total += self.qjl_weight(row, qjl) * dot;
             }
             *score = total;
+        }
+    }
+
+    /// Rotated coordinates (`norm·centroid` per part) and, for the QJL variant, the signs
+    /// times the residual's weight.
+    fn working_len(&self) -> usize {
+        self.accumulator_len()
+    }
+
+    fn decode_working(&self, blocks: &[u8], rows: &mut [f32]) {
+        let d = self.head_dim;
+        for (row, out) in blocks
+            .chunks_exact(self.block_bytes)
+            .zip(rows.chunks_exact_mut(self.working_len()))
+        {
+            for part in &self.parts {
+                let norm = read_f16(row, part.norm_offset);
+                for seg in &part.segments {
+                    let o = &mut out[part.coord_offset + seg.first..][..seg.len];
+                    simd::decode_lut(seg.packed(row), seg.bits(), &seg.lut, norm, o);
+                }
+            }
+            if let Some(qjl) = &self.qjl {
+                let signs = &row[qjl.signs_offset..qjl.signs_offset + bits::packed_len(d, 1)];
+                let weight = self.qjl_weight(row, qjl);
+                simd::decode_lut(signs, 1, &SIGN_LEVELS, weight, &mut out[d..2 * d]);
+            }
         }
     }
 
@@ -534,8 +565,7 @@ impl Codec for TurboCodec {
                 }
             }
             if let Some(qjl) = &self.qjl {
-                let g =
-                    w * read_f16(row, self.parts[0].norm_offset) * read_f16(row, qjl.gamma_offset);
+                let g = w * self.qjl_weight(row, qjl);
                 let signs = &row[qjl.signs_offset..qjl.signs_offset + bits::packed_len(d, 1)];
                 simd::axpy_lut(signs, 1, &SIGN_LEVELS, g, &mut acc[d..2 * d]);
             }

@@ -31,7 +31,7 @@
 //! Values must fit in f16 (`|x| ≤ 65504`); larger ones cannot be given a finite f16 scale and
 //! are rejected with [`CodecError::NonFinite`], as the `f16` scheme rejects them.
 
-use crate::simd::{axpy_codes, dot_codes};
+use crate::simd::{axpy_codes, decode_codes, dot_codes};
 use crate::{bits, check_finite, Codec, CodecError, Role};
 use half::f16;
 
@@ -372,17 +372,30 @@ impl Codec for IntCodec {
     }
 
     fn decode(&self, block: &[u8], rows: &mut [f32]) {
-        let d = self.head_dim;
-        let mut codes = vec![0u8; d];
-        for (t, row) in rows.chunks_exact_mut(d).enumerate() {
-            bits::unpack(self.row_codes(block, t), self.bits, &mut codes);
-            for (c, (x, &code)) in row.iter_mut().zip(&codes).enumerate() {
-                let g = match self.grouping {
-                    Grouping::PerToken { group } => c / group,
-                    Grouping::PerChannel { .. } => c,
-                };
-                let affine = self.affine(block, g);
-                *x = affine.scale * f32::from(code) + affine.offset();
+        match self.grouping {
+            Grouping::PerToken { group } => {
+                // One call per group: no parameter table to build for a single row.
+                let codes = self.row_codes(block, 0);
+                let group_bytes = group / 8 * self.bits as usize;
+                for (g, (out, packed)) in rows
+                    .chunks_exact_mut(group)
+                    .zip(codes.chunks_exact(group_bytes))
+                    .enumerate()
+                {
+                    let affine = self.affine(block, g);
+                    decode_codes(packed, self.bits, &[affine.scale], &[affine.offset()], out);
+                }
+            }
+            Grouping::PerChannel { .. } => {
+                let (scales, offsets): (Vec<f32>, Vec<f32>) = (0..self.groups())
+                    .map(|c| {
+                        let affine = self.affine(block, c);
+                        (affine.scale, affine.offset())
+                    })
+                    .unzip();
+                for (t, row) in rows.chunks_exact_mut(self.head_dim).enumerate() {
+                    decode_codes(self.row_codes(block, t), self.bits, &scales, &offsets, row);
+                }
             }
         }
     }

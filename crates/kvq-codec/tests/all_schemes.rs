@@ -359,7 +359,12 @@ fn group_kernels_equal_one_head_at_a_time() {
                 {
                     codec.encode(r, b).unwrap();
                 }
-                let heads = 4;
+                // Odd and even group sizes, fewer and more heads than a kernel block holds.
+                let heads = if role == kvq_codec::Role::Key {
+                    3
+                } else {
+                    5 + head_dim / 64
+                };
                 let prepared: Vec<Vec<f32>> = (0..heads)
                     .map(|_| {
                         let q: Vec<f32> = (0..head_dim).map(|_| rng.gen_range(-1.0..1.0)).collect();

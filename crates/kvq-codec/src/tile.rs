@@ -1,0 +1,79 @@
+//! The default group kernels: a run of blocks is decoded, a few rows at a time, into a small
+//! f32 tile in the codec's working space ([`Codec::decode_working`]), and the tile is scored
+//! and accumulated for every query head of the group by the register-blocked float kernels of
+//! [`crate::simd`]. The tile holds at most [`TILE_ROWS`] rows (or one block, if larger) and
+//! stays in the L1 cache; nothing the size of the cache is ever decoded.
+
+use crate::simd::{axpy_rows_group, dot_rows_group, RowFormat};
+use crate::Codec;
+use std::cell::RefCell;
+
+/// Rows decoded per tile (rounded up to whole blocks).
+pub const TILE_ROWS: usize = 32;
+
+thread_local! {
+    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The tile's f32 values as the bytes the float kernels read.
+fn as_bytes(values: &[f32]) -> &[u8] {
+    // SAFETY: any f32 is 4 initialized bytes, u8 has alignment 1, and the length is exact.
+    unsafe {
+        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+    }
+}
+
+/// Calls `f(first_row, tile)` for consecutive tiles of working rows decoded from `blocks`.
+fn for_each_tile<C: Codec + ?Sized>(codec: &C, blocks: &[u8], mut f: impl FnMut(usize, &[f32])) {
+    let (width, bt, bb) = (
+        codec.working_len(),
+        codec.block_tokens(),
+        codec.block_bytes(),
+    );
+    let blocks_per_tile = (TILE_ROWS / bt).max(1);
+    TILE.with(|tile| {
+        let mut tile = tile.borrow_mut();
+        tile.resize(blocks_per_tile * bt * width, 0.0);
+        for (i, chunk) in blocks.chunks(blocks_per_tile * bb).enumerate() {
+            let rows = chunk.len() / bb * bt;
+            let decoded = &mut tile[..rows * width];
+            codec.decode_working(chunk, decoded);
+            f(i * blocks_per_tile * bt, decoded);
+        }
+    });
+}
+
+/// [`Codec::score_group`] through decoded tiles.
+pub fn score_group<C: Codec + ?Sized>(
+    codec: &C,
+    queries: &[&[f32]],
+    blocks: &[u8],
+    scores: &mut [&mut [f32]],
+) {
+    let width = codec.working_len();
+    let queries: Vec<&[f32]> = queries.iter().map(|q| &q[..width]).collect();
+    for_each_tile(codec, blocks, |first, tile| {
+        let rows = tile.len() / width;
+        let mut out: Vec<&mut [f32]> = scores
+            .iter_mut()
+            .map(|s| &mut s[first..first + rows])
+            .collect();
+        dot_rows_group(RowFormat::F32, &queries, as_bytes(tile), &mut out);
+    });
+}
+
+/// [`Codec::accumulate_group`] through decoded tiles.
+pub fn accumulate_group<C: Codec + ?Sized>(
+    codec: &C,
+    weights: &[&[f32]],
+    blocks: &[u8],
+    accs: &mut [&mut [f32]],
+) {
+    let width = codec.working_len();
+    let mut accs: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..width]).collect();
+    for_each_tile(codec, blocks, |first, tile| {
+        let rows = tile.len() / width;
+        let w: Vec<&[f32]> = weights.iter().map(|w| &w[first..first + rows]).collect();
+        axpy_rows_group(RowFormat::F32, &w, as_bytes(tile), &mut accs);
+    });
+}
