@@ -308,6 +308,11 @@ pub fn decode_codes(packed: &[u8], bits: u32, a: &[f32], b: &[f32], out: &mut [f
     assert!(packed.len() >= out.len() / 8 * bits as usize);
     #[cfg(target_arch = "x86_64")]
     if use_avx2() {
+        if use_avx512() && out.len().is_multiple_of(16) && (group == 1 || group.is_multiple_of(16))
+        {
+            // SAFETY: AVX-512F/DQ are present; `packed` holds all codes (asserted above).
+            return with_width!(bits, B => unsafe { avx512::decode_codes::<B>(packed, a, b, None, out) });
+        }
         // SAFETY: as in `dot_codes`.
         return with_width!(bits, B => unsafe { avx2::decode_codes::<B>(packed, a, b, None, out) });
     }
@@ -322,6 +327,12 @@ pub fn decode_lut(packed: &[u8], bits: u32, lut: &[f32; 16], a: f32, out: &mut [
     assert!(packed.len() >= out.len() / 8 * bits as usize);
     #[cfg(target_arch = "x86_64")]
     if use_avx2() {
+        if use_avx512() && out.len().is_multiple_of(16) {
+            // SAFETY: AVX-512F/DQ are present; `packed` holds all codes (asserted above).
+            return with_width!(bits, B => unsafe {
+                avx512::decode_codes::<B>(packed, &[a], &[0.0], Some(lut), out)
+            });
+        }
         // SAFETY: as in `dot_codes`.
         return with_width!(bits, B => unsafe {
             avx2::decode_codes::<B>(packed, &[a], &[0.0], Some(avx2::Lut::new(lut)), out)
@@ -900,6 +911,98 @@ mod avx512 {
         }
     }
 
+    /// The 16 codes of width `B` (1, 2, 3, 4 or 8) in the `2B` bytes at `p`, least
+    /// significant bit first, one per 32-bit lane.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    unsafe fn codes16<const B: usize>(p: *const u8) -> __m512i {
+        if B == 8 {
+            return _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+        }
+        let mut bytes = [0u8; 8];
+        std::ptr::copy_nonoverlapping(p, bytes.as_mut_ptr(), 2 * B);
+        let word = u64::from_le_bytes(bytes);
+        let (w0, w1) = (
+            (word & ((1 << (8 * B)) - 1)) as i32,
+            (word >> (8 * B)) as i32,
+        );
+        let both = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_set1_epi32(w0)),
+            _mm256_set1_epi32(w1),
+            1,
+        );
+        let b = B as i32;
+        let shifts = _mm512_setr_epi32(
+            0,
+            b,
+            2 * b,
+            3 * b,
+            4 * b,
+            5 * b,
+            6 * b,
+            7 * b,
+            0,
+            b,
+            2 * b,
+            3 * b,
+            4 * b,
+            5 * b,
+            6 * b,
+            7 * b,
+        );
+        _mm512_and_si512(
+            _mm512_srlv_epi32(both, shifts),
+            _mm512_set1_epi32((1 << B) - 1),
+        )
+    }
+
+    /// The levels of 16 codes: the codes themselves, or their entries in `table`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    unsafe fn levels16(codes: __m512i, table: Option<__m512>) -> __m512 {
+        match table {
+            Some(t) => _mm512_permutexvar_ps(codes, t),
+            None => _mm512_cvtepi32_ps(codes),
+        }
+    }
+
+    /// `super::decode_codes` (and `super::decode_lut` with `lut`) for code width `B`, 16
+    /// codes at a time; groups are 1 or a multiple of 16 codes long.
+    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    pub unsafe fn decode_codes<const B: usize>(
+        packed: &[u8],
+        a: &[f32],
+        b: &[f32],
+        lut: Option<&[f32; 16]>,
+        out: &mut [f32],
+    ) {
+        let table = lut.map(|l| _mm512_loadu_ps(l.as_ptr()));
+        let (mut p, o) = (packed.as_ptr(), out.as_mut_ptr());
+        if a.len() == out.len() {
+            for i in (0..out.len()).step_by(16) {
+                let x = levels16(codes16::<B>(p), table);
+                let (av, bv) = (
+                    _mm512_loadu_ps(a.as_ptr().add(i)),
+                    _mm512_loadu_ps(b.as_ptr().add(i)),
+                );
+                _mm512_storeu_ps(o.add(i), _mm512_fmadd_ps(av, x, bv));
+                p = p.add(2 * B);
+            }
+            return;
+        }
+        let per_group = out.len() / a.len() / 16;
+        let mut i = 0;
+        for (&a, &b) in a.iter().zip(b) {
+            let (av, bv) = (_mm512_set1_ps(a), _mm512_set1_ps(b));
+            for _ in 0..per_group {
+                let x = levels16(codes16::<B>(p), table);
+                _mm512_storeu_ps(o.add(i), _mm512_fmadd_ps(av, x, bv));
+                p = p.add(2 * B);
+                i += 16;
+            }
+        }
+    }
+
     /// As `avx2::score4`, 16 channels per step.
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
@@ -1143,7 +1246,28 @@ mod tests {
                     axpy_codes(&packed, bits, &scales, &[-1.5; 128][..n / 8], &mut acc_s)
                 });
                 assert!(acc_v.iter().zip(&acc_s).all(|(a, b)| close(*a, *b)));
+                for groups in [1, n / 8, n / 16, n] {
+                    if groups == 0 || n % groups != 0 {
+                        continue;
+                    }
+                    let a: Vec<f32> = (0..groups).map(|g| 0.25 + g as f32).collect();
+                    let b: Vec<f32> = (0..groups).map(|g| -(g as f32) / 3.0).collect();
+                    let (mut out_v, mut out_s) = (vec![0f32; n], vec![0f32; n]);
+                    decode_codes(&packed, bits, &a, &b, &mut out_v);
+                    force_scalar(|| decode_codes(&packed, bits, &a, &b, &mut out_s));
+                    assert!(
+                        out_v.iter().zip(&out_s).all(|(x, y)| close(*x, *y)),
+                        "decode_codes {bits} {n} {groups}"
+                    );
+                }
                 if bits <= 4 {
+                    let (mut out_v, mut out_s) = (vec![0f32; n], vec![0f32; n]);
+                    decode_lut(&packed, bits, &lut, 1.5, &mut out_v);
+                    force_scalar(|| decode_lut(&packed, bits, &lut, 1.5, &mut out_s));
+                    assert!(
+                        out_v.iter().zip(&out_s).all(|(x, y)| close(*x, *y)),
+                        "decode_lut {bits} {n}"
+                    );
                     let (v, s) = both(&|| dot_lut(&packed, bits, &lut, &q));
                     assert!(close(v, s), "dot_lut {bits} {n}: {v} {s}");
                     let mut acc_v = q.clone();

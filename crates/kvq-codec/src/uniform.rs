@@ -373,18 +373,24 @@ impl Codec for IntCodec {
 
     fn decode(&self, block: &[u8], rows: &mut [f32]) {
         match self.grouping {
-            Grouping::PerToken { group } => {
-                // One call per group: no parameter table to build for a single row.
-                let codes = self.row_codes(block, 0);
-                let group_bytes = group / 8 * self.bits as usize;
-                for (g, (out, packed)) in rows
-                    .chunks_exact_mut(group)
-                    .zip(codes.chunks_exact(group_bytes))
-                    .enumerate()
-                {
+            Grouping::PerToken { .. } => {
+                // The row's parameters on the stack (heap only for unusually many groups).
+                const STACK_GROUPS: usize = 32;
+                let groups = self.groups();
+                let (mut scales, mut offsets) = ([0f32; STACK_GROUPS], [0f32; STACK_GROUPS]);
+                let (mut scales_heap, mut offsets_heap) = (Vec::new(), Vec::new());
+                let (scales, offsets) = if groups <= STACK_GROUPS {
+                    (&mut scales[..groups], &mut offsets[..groups])
+                } else {
+                    scales_heap.resize(groups, 0.0);
+                    offsets_heap.resize(groups, 0.0);
+                    (&mut scales_heap[..], &mut offsets_heap[..])
+                };
+                for (g, (scale, offset)) in scales.iter_mut().zip(offsets.iter_mut()).enumerate() {
                     let affine = self.affine(block, g);
-                    decode_codes(packed, self.bits, &[affine.scale], &[affine.offset()], out);
+                    (*scale, *offset) = (affine.scale, affine.offset());
                 }
+                decode_codes(self.row_codes(block, 0), self.bits, scales, offsets, rows);
             }
             Grouping::PerChannel { .. } => {
                 let (scales, offsets): (Vec<f32>, Vec<f32>) = (0..self.groups())
