@@ -2,7 +2,7 @@
 //! command line. Without CUDA both say so and exit 0, so one binary serves CPU-only machines.
 
 use anyhow::{bail, Result};
-use kvq_codec::{build_codec, Calibration, KvSpec, Role};
+use kvq_codec::{build_codec, Calibration, KvSpec, OakenThresholds, Role, SchemeKind};
 use kvq_gpu::{layouts, libraries, CacheShape, Gpu, PagedKernels, Tuning};
 
 /// Arguments of `kvq gpu-info`.
@@ -88,6 +88,19 @@ fn tunings_from_env() -> Result<Vec<Tuning>> {
         .collect()
 }
 
+/// The calibration of a scheme for the benchmark's rows (uniform in [-1, 1)): Oaken's
+/// thresholds are the quantiles of that distribution; other schemes need none.
+fn bench_calibration(kind: SchemeKind) -> Calibration {
+    if kind != SchemeKind::Oaken {
+        return Calibration::default();
+    }
+    let mut grid: Vec<f32> = (0..4096).map(|i| (i as f32 + 0.5) / 2048.0 - 1.0).collect();
+    Calibration {
+        oaken_thresholds: Some(OakenThresholds::from_samples(&mut grid)),
+        ..Calibration::default()
+    }
+}
+
 /// Decode attention over a synthetic paged cache on the GPU, for each scheme, batch, context
 /// and kernel tuning, with the device-copy bandwidth measured in the same run.
 pub fn bench_attention(o: BenchOptions) -> Result<()> {
@@ -112,9 +125,14 @@ pub fn bench_attention(o: BenchOptions) -> Result<()> {
     let s = gpu.stream().clone();
     let mut rows = Vec::new();
     for spec in &o.specs {
-        let cal = Calibration::default();
-        let kc = build_codec(spec.k, Role::Key, o.head_dim, &cal, 1)?;
-        let vc = build_codec(spec.v, Role::Value, o.head_dim, &cal, 2)?;
+        let kc = build_codec(spec.k, Role::Key, o.head_dim, &bench_calibration(spec.k), 1)?;
+        let vc = build_codec(
+            spec.v,
+            Role::Value,
+            o.head_dim,
+            &bench_calibration(spec.v),
+            2,
+        )?;
         let (kl, vl) = layouts(spec.k, spec.v, kc.as_ref(), vc.as_ref())?;
         let per_token = o.kv_heads as f64
             * (kc.block_bytes() as f64 / kc.block_tokens() as f64

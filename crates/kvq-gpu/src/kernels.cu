@@ -1,6 +1,7 @@
 // kvq-gpu kernels, compiled at run time by NVRTC. Header-free: f16/bf16/fp8 conversions are
-// inline PTX. The Rust side prepends a prelude that defines HD (head_dim), GQ (query heads per KV
-// head, at most 8), PT (tokens per page, a multiple of 16), MINB (attention blocks resident per
+// inline PTX. The Rust side prepends a prelude that defines HD (head_dim), KD and VD (lengths of
+// the prepared query and of the value accumulator: HD, or 2·HD for TurboQuant-prod, whose sign
+// bits are coordinates HD .. 2·HD), GQ (query heads per KV head, at most 8), PT (tokens per page, a multiple of 16), MINB (attention blocks resident per
 // multiprocessor, the launch bound), NSTAGE (cp.async ring depth), and the structs KS and VS that
 // describe the key and value layouts (see scheme.rs).
 
@@ -18,6 +19,8 @@ typedef unsigned long long u64;
 #define KIND_UNI_CHANNEL 5
 #define KIND_TURBO 6
 #define KIND_FP8 7
+#define KIND_PROD 8
+#define KIND_OAKEN 9
 
 __device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 // f32 -> f16 / bf16 bits. The conversions write a 32-bit pair register and the bits leave it by
@@ -79,7 +82,7 @@ __device__ __forceinline__ u32 pack2f(float lo, float hi) { u32 d; asm("cvt.rn.f
 __device__ __forceinline__ u32 dup16(u32 h) { return (h & 0xFFFFu) * 0x10001u; }
 
 template <class S>
-struct Interleaved { enum { V = (S::KIND == KIND_UNI_TOKEN || S::KIND == KIND_UNI_CHANNEL) && S::BITS < 8 }; };
+struct Interleaved { enum { V = ((S::KIND == KIND_UNI_TOKEN || S::KIND == KIND_UNI_CHANNEL) && S::BITS < 8) || S::KIND == KIND_OAKEN }; };
 // Channel (0..7, relative to c0) in half e of word i of load8h<S>.
 template <class S>
 __device__ __forceinline__ int chan8(int i, int e) { return Interleaved<S>::V ? i + 4 * e : 2 * i + e; }
@@ -217,14 +220,15 @@ struct Fast {
     Q8 = S::KIND == KIND_Q8_0,
     U4 = S::KIND == KIND_UNI_TOKEN && S::BITS == 4 && S::GROUP >= 16,
     T3 = S::KIND == KIND_TURBO && S::B0 == 3 && S::B1 == 3,
-    ON = Q4 || Q8 || U4 || T3
+    PROD = S::KIND == KIND_PROD,
+    OAK = S::KIND == KIND_OAKEN
   };
 };
 
 // Channel (relative to c0) in half e of word w (0..7) of dec16<S>.
 template <class S>
 __device__ __forceinline__ int chan16(int w, int e) {
-  return Fast<S>::Q4 ? 4 * (w / 2) + (w % 2) + 2 * e : 8 * (w / 4) + chan8<S>(w % 4, e);
+  return Fast<S>::Q4 ? 4 * (w / 2) + (w % 2) + 2 * e : Fast<S>::PROD ? w + 8 * e : 8 * (w / 4) + chan8<S>(w % 4, e);
 }
 // Channel (relative to the run's start) in half e of word w of a run of N channels (decrun<S, N>).
 template <class S, int N>
@@ -241,6 +245,46 @@ __device__ __forceinline__ void lds_run(u32 b, u32 sh, u32* x) {
   for (int i = 0; i <= W; i++) w[i] = lds32(b + 4 * i);
 #pragma unroll
   for (int i = 0; i < W; i++) x[i] = __funnelshift_r(w[i], w[i + 1], sh);
+}
+
+__device__ __forceinline__ u32 lds8(u32 a) { u16 v; asm volatile("ld.shared.u8 %0, [%1];" : "=h"(v) : "r"(a)); return v; }
+
+// Oaken: the middle grid of the token row at shared address `row` (kvq-codec oaken.rs MiddleGrid:
+// zero code z and step from the f16 middle range lo, hi; same f32 operations).
+__device__ __forceinline__ void oaken_grid(u32 row, int& z, float& step) {
+  const float lo = h2f((u16)lds16(row)), hi = h2f((u16)lds16(row + 2));
+  const float range = __fsub_rn(hi, lo);
+  if (!(range > 0.0f)) { z = 8; step = 0.0f; return; }
+  z = min(max((int)roundf(__fdiv_rn(__fmul_rn(16.0f, -lo), range)), 1), 15);
+  step = fmaxf(__fdividef(-lo, (float)z), __fdividef(hi, (float)(16 - z)));  // within 2 ulp
+}
+
+// Oaken: calls f(element, value − middle level of its dense code) for each sparse entry of the
+// token row at shared address `row` (the correction the dense decode needs at that element).
+template <class S, class F>
+__device__ __forceinline__ void oaken_outliers(u32 row, F f) {
+  constexpr int SP = (HD + 63) / 64;
+  int z; float step;
+  oaken_grid(row, z, step);
+  const float outer_step = h2f((u16)lds16(row + 4)) * (1.0f / 15.0f), inner_step = h2f((u16)lds16(row + 6)) * (1.0f / 15.0f);
+  const u32 dense = row + 8 + SP, sparse = dense + HD / 2;
+  int j = 0;
+#pragma unroll
+  for (int span = 0; span < SP; span++) {
+    const int count = (int)lds8(row + 8 + span);
+#pragma unroll 1
+    for (int k = 0; k < count && j < S::CAP; k++, j++) {
+      const u32 e = lds8(sparse + j);
+      const int i = span * 64 + (int)(e & 63u);
+      const int code = (int)((lds8(dense + i / 2) >> (4 * (i & 1))) & 15u);
+      const float mag = (float)code;
+      float v;
+      if (e & 0x40u) v = (e & 0x80u) ? S::LO_OUTER - mag * outer_step : S::HI_OUTER + mag * outer_step;
+      else v = (e & 0x80u) ? -mag * inner_step : mag * inner_step;
+      const float mid = ((float)(code - z) + 0.5f) * step + (code >= z ? S::HI_INNER : S::LO_INNER);
+      f(i, v - mid);
+    }
+  }
 }
 
 // Fast layouts: `row` is the token's shared-memory address. Others: load8h on (run, t).
@@ -297,6 +341,28 @@ __device__ __forceinline__ void dec16(const u8* run, u32 row, int t, int c0, u32
       const u32 code = (k < 5 ? x[0] >> (6 * k) : k == 5 ? mid : x[1] >> (6 * k - 32)) & 63u;
       o[k] = hmul2(plut[code][lane], n2);
     }
+  } else if constexpr (Fast<S>::PROD) {
+    // TurboQuant-prod, logical channels c0 .. c0+15 in pairs (c0 + w, c0 + w + 8): below HD the
+    // mse centroids times the norm, from HD on the QJL signs (±1) times norm·γ·√(π/2)/d.
+    const int lane = threadIdx.x % 32;
+    const u32 n = lds16(row), g = row + 2 + HD * S::B0 / 8;
+    if (c0 < HD) {
+      const u32 a = row + 2 + c0 * S::B0 / 8, n2 = dup16(n);
+      u32 x[2];
+      lds_run<2>(a & ~3u, 8 * (a & 3), x);
+      const u64 w64 = (u64)x[0] | ((u64)x[1] << 32);
+      constexpr u32 MASK = (1u << S::B0) - 1;
+#pragma unroll
+      for (int w = 0; w < 8; w++) {
+        const u32 lo = lut[(w64 >> (S::B0 * w)) & MASK][lane], hi = lut[(w64 >> (S::B0 * (w + 8))) & MASK][lane];
+        o[w] = hmul2(lo | (hi << 16), n2);
+      }
+    } else {
+      const u32 s2 = dup16(f2h32(h2f((u16)n) * S::QJL * h2f((u16)lds16(g))));
+      const u32 bits = prmt(lds16(g + 2 + (c0 - HD) / 8), 0u, 0x4140u);  // bytes 0, 1 → 0, 2
+#pragma unroll
+      for (int w = 0; w < 8; w++) o[w] = hmul2(((bits << (15 - w)) & 0x80008000u) ^ 0xBC00BC00u, s2);
+    }
   } else {
     load8h<S>(run, t, c0, o, lut);
     load8h<S>(run, t, c0 + 8, o + 4, lut);
@@ -343,11 +409,44 @@ __device__ __forceinline__ void dec32(u32 row, int c0, u32* o) {
   }
 }
 
+// Oaken: channels c0 .. c0+N−1 (N % 16 == 0) of the token row at shared address `row`: the dense
+// nibbles q as middle levels (q − z)·step + (q ≥ z ? hi_inner : lo_inner) + ½·step, in chan16
+// order (pairs i, i+4 of each 8); the sparse entries are corrected after the products
+// (oaken_outliers). q − z is exact in f16 and the branch's threshold (plus half a step) is picked
+// bitwise, so the one f16 rounding per token is that of the step: no per-token offset is
+// rounded (a rounded offset biases every channel of a token alike, which q·k sums coherently).
+template <class S, int N>
+__device__ __forceinline__ void oaken_dense(u32 row, int c0, u32* o) {
+  constexpr int SP = (HD + 63) / 64;
+  int z; float step;
+  oaken_grid(row, z, step);
+  const u32 step2 = dup16(f2h32(step)), z2 = dup16(0x6400u | (u32)z);
+  const u32 lo2 = dup16(f2h32(S::LO_INNER + 0.5f * step)), hi2 = dup16(f2h32(S::HI_INNER + 0.5f * step));
+  const u32 bias = (u32)(128 - z) * 0x00010001u;  // byte 0 / 2 gets bit 7 exactly when q ≥ z
+#pragma unroll
+  for (int r = 0; r < N / 16; r++) {
+    const u32 a = row + 8 + SP + (c0 + 16 * r) / 2;
+    u32 x[2];
+    lds_run<2>(a & ~3u, 8 * (a & 3), x);
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const u32 q = (x[k] >> (4 * i)) & 0x000F000Fu;
+        const u32 high = prmt(q + bias, 0u, 0xAA88u);  // each half: all ones when q ≥ z
+        const u32 thr = (high & hi2) | (~high & lo2);
+        o[8 * r + 4 * k + i] = hfma2(hsub2(q | 0x64006400u, z2), step2, thr);
+      }
+  }
+}
+
 // Channels c0 .. c0+N−1 of token t: dec32 / dec16 runs when N % 16 == 0, else load8h runs.
 template <class S, int N>
 __device__ __forceinline__ void decrun(const u8* run, u32 run_s, int t, int c0, u32* o, const u32 (*lut)[32],
                                        const u32 (*plut)[32]) {
-  if constexpr (N % 32 == 0 && (Fast<S>::Q4 || (Fast<S>::U4 && S::GROUP % 32 == 0))) {
+  if constexpr (Fast<S>::OAK) {
+    oaken_dense<S, N>(run_s + (u32)t * S::BB, c0, o);
+  } else if constexpr (N % 32 == 0 && (Fast<S>::Q4 || (Fast<S>::U4 && S::GROUP % 32 == 0))) {
 #pragma unroll
     for (int r = 0; r < N / 32; r++) dec32<S>(run_s + (u32)t * S::BB, c0 + 32 * r, o + 16 * r);
   } else if constexpr (N % 16 == 0) {
@@ -490,31 +589,130 @@ __device__ void encode_block(const float* rows, u8* out, const float* rot) {
     __syncthreads();
     int params = (S::KIND == KIND_UNI_CHANNEL ? HD : HD / S::GROUP) * P;
     pack_codes(codes, T * HD, S::BITS, out + params);
-  } else if constexpr (S::KIND == KIND_TURBO) {
-    // norm in f64 as the CPU does; unit vector; y = Π·unit; nearest centroid per coordinate.
-    double x = (double)rows[c];
-    __shared__ double dscratch[8];
-    double sq = x * x;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+  } else if constexpr (S::KIND == KIND_TURBO || S::KIND == KIND_PROD) {
+    // As kvq-codec turbo.rs, operation for operation (sums in the CPU's order, no contraction):
+    // n = ‖x‖ in f64; unit = x / n; y = Π·unit; nearest centroid per coordinate. Prod adds the
+    // residual r = Πᵀ(y − c[idx]), γ = ‖r‖ and the signs of S·r (rot is [Π; S], 2·HD rows).
+    __shared__ double dscratch[1];
+    const float x = rows[c];
+    if (c == 0) {
+      double tot = 0.0;
+      for (int i = 0; i < HD; i++) tot = __dadd_rn(tot, __dmul_rn((double)rows[i], (double)rows[i]));
+      dscratch[0] = sqrt(tot);
+    }
     __syncthreads();
-    if (c % 32 == 0) dscratch[c / 32] = sq;
-    __syncthreads();
-    double tot = 0.0;
-    for (int i = 0; i < HD / 32; i++) tot += dscratch[i];
-    double n64 = sqrt(tot);
-    vec[c] = n64 > 0.0 ? (float)(x / n64) : 0.0f;
+    const double n64 = dscratch[0];
+    vec[c] = n64 > 0.0 ? (float)((double)x / n64) : 0.0f;
     if (c == 0) st16(out, f2h32((float)n64));
     __syncthreads();
     float y = 0.0f;
-    for (int i = 0; i < HD; i++) y = fmaf(rot[c * HD + i], vec[i], y);
-    int bits = c < S::SEG0 ? S::B0 : S::B1;
+    for (int i = 0; i < HD; i++) y = __fadd_rn(y, __fmul_rn(rot[c * HD + i], vec[i]));
+    const int bits = c < S::SEG0 ? S::B0 : S::B1;
     int code = 0;
     for (int i = 0; i < (1 << bits) - 1; i++) code += (c < S::SEG0 ? S::bnd0(i) : S::bnd1(i)) < y;
     codes[c] = (u8)code;
     __syncthreads();
     pack_codes(codes, S::SEG0, S::B0, out + 2);
     if (S::SEG0 < HD) pack_codes(codes + S::SEG0, HD - S::SEG0, S::B1, out + 2 + S::SEG0 * S::B0 / 8);
+    if constexpr (S::KIND == KIND_PROD) {
+      __shared__ float res[HD];
+      res[c] = __fsub_rn(y, S::lut0(code));
+      __syncthreads();
+      float r = 0.0f;
+      for (int j = 0; j < HD; j++) r = __fadd_rn(r, __fmul_rn(rot[j * HD + c], res[j]));
+      vec[c] = r;
+      __syncthreads();
+      if (c == 0) {
+        double tot = 0.0;
+        for (int i = 0; i < HD; i++) tot = __dadd_rn(tot, __dmul_rn((double)vec[i], (double)vec[i]));
+        st16(out + 2 + HD * S::B0 / 8, f2h32((float)sqrt(tot)));
+      }
+      float dot = 0.0f;
+      for (int i = 0; i < HD; i++) dot = __fadd_rn(dot, __fmul_rn(rot[(HD + c) * HD + i], vec[i]));
+      codes[HD + c] = dot >= 0.0f ? 1 : 0;
+      __syncthreads();
+      pack_codes(codes + HD, HD, 1, out + 4 + HD * S::B0 / 8);
+    }
+  } else if constexpr (S::KIND == KIND_OAKEN) {
+    // As kvq-codec oaken.rs: classify by the thresholds, keep the CAP most important outliers
+    // (outer by |x'| descending, then inner by distance from the inner band; ties by element),
+    // demote the rest, per-token f16 scales rounded up, codes, then the fused layout.
+    constexpr int SP = (HD + 63) / 64, DENSE = 8 + SP, SPARSE = DENSE + HD / 2;
+    __shared__ float key[HD];
+    __shared__ u8 kind[HD];  // 0 middle, 1 inner, 2 outer (before the capacity rule)
+    __shared__ u8 kept[HD];
+    const float x = rows[c];
+    const bool outer = x <= S::LO_OUTER || x >= S::HI_OUTER;
+    const bool inner = !outer && x > S::LO_INNER && x < S::HI_INNER;
+    kind[c] = outer ? 2 : inner ? 1 : 0;
+    key[c] = outer ? (x <= S::LO_OUTER ? __fsub_rn(S::LO_OUTER, x) : __fsub_rn(x, S::HI_OUTER))
+                   : fminf(__fsub_rn(x, S::LO_INNER), __fsub_rn(S::HI_INNER, x));
+    __syncthreads();
+    bool keep = false;
+    if (outer || inner) {
+      int rank = 0;
+      for (int j = 0; j < HD; j++) {
+        if (kind[j] == 0) continue;
+        const bool before = kind[j] > kind[c] || (kind[j] == kind[c] && (key[j] > key[c] || (key[j] == key[c] && j < c)));
+        rank += before;
+      }
+      keep = rank < S::CAP;
+    }
+    kept[c] = keep;
+    // Slot after the capacity rule: middle (shifted, high) or outlier (magnitude, negative).
+    bool high = false, negative = false;
+    float shifted = 0.0f, magnitude = 0.0f;
+    if (keep) {
+      negative = outer ? x <= S::LO_OUTER : x < 0.0f;
+      magnitude = outer ? key[c] : fabsf(x);
+    } else if (inner) {  // demoted inner value: the middle level next to its nearer threshold
+      high = __fsub_rn(S::HI_INNER, x) < __fsub_rn(x, S::LO_INNER);
+    } else {
+      high = x >= S::HI_INNER;
+      shifted = __fsub_rn(x, high ? S::HI_INNER : S::LO_INNER);
+    }
+    // Largest middle −x' and x', outer |x'|, inner |x| (each at least 0), rounded up to f16.
+    const float f0 = !keep && shifted < 0.0f ? -shifted : 0.0f, f1 = !keep && shifted >= 0.0f ? shifted : 0.0f;
+    const float f2 = keep && outer ? magnitude : 0.0f, f3 = keep && inner ? magnitude : 0.0f;
+    const u16 h0 = f16_at_least((double)group_reduce<HD, true>(f0, scratch));
+    const u16 h1 = f16_at_least((double)group_reduce<HD, true>(f1, scratch));
+    const u16 h2 = f16_at_least((double)group_reduce<HD, true>(f2, scratch));
+    const u16 h3 = f16_at_least((double)group_reduce<HD, true>(f3, scratch));
+    const float lo = -h2f(h0), hi = h2f(h1);
+    int z = 8;
+    float step = 0.0f;
+    if (__fsub_rn(hi, lo) > 0.0f) {
+      z = min(max((int)roundf(__fdiv_rn(__fmul_rn(16.0f, -lo), __fsub_rn(hi, lo))), 1), 15);
+      step = fmaxf(__fdiv_rn(-lo, (float)z), __fdiv_rn(hi, (float)(16 - z)));
+    }
+    int code;
+    if (keep) {
+      const float st = __fdiv_rn(h2f(outer ? h2 : h3), 15.0f);
+      code = st > 0.0f ? (int)fminf(roundf(__fdiv_rn(magnitude, st)), 15.0f) : 0;
+    } else {
+      const float v = high ? shifted : -shifted;
+      const float f = step > 0.0f ? fmaxf(floorf(__fdiv_rn(v, step)), 0.0f) : 0.0f;
+      const int n = f > 15.0f ? 15 : (int)f;
+      code = high ? z + min(n, 15 - z) : z - 1 - min(n, z - 1);
+    }
+    codes[c] = (u8)code;
+    __syncthreads();
+    if (c == 0) {
+      st16(out, h0 ^ 0x8000u);  // the middle minimum, stored negated
+      st16(out + 2, h1);
+      st16(out + 4, h2);
+      st16(out + 6, h3);
+    }
+    if (c < SP) {
+      int count = 0;
+      for (int j = 64 * c; j < min(HD, 64 * c + 64); j++) count += kept[j];
+      out[8 + c] = (u8)count;
+    }
+    if (c < HD / 2) out[DENSE + c] = (u8)(codes[2 * c] | (codes[2 * c + 1] << 4));
+    int before = 0, total = 0;
+    for (int j = 0; j < HD; j++) { before += j < c ? kept[j] : 0; total += kept[j]; }
+    if (keep) out[SPARSE + before] = (u8)((c % 64) | (outer ? 0x40 : 0) | (negative ? 0x80 : 0));
+    if (c >= total && c < S::CAP) out[SPARSE + c] = 0;
   }
 }
 
@@ -559,14 +757,14 @@ extern "C" __global__ void encode_v(const float* rows, int n_tok, int first_pos,
 // registers per lane instead of HD/8 and HD/2. Token k (0..15) of a step is column k % 8 of
 // S tile k / 8. Which channel feeds which MMA position is free (a dot product does not care
 // about the order), so each lane decodes whole runs of channels: for K, lane (gid = lane/4,
-// tig = lane%4) decodes channels [tig·HD/4, (tig+1)·HD/4) of tokens gid and gid + 8; for V,
-// channels [gid·HD/8, (gid+1)·HD/8) of tokens 2·tig, 2·tig+1, 2·tig+8, 2·tig+9.
+// tig = lane%4) decodes channels [tig·KD/4, (tig+1)·KD/4) of tokens gid and gid + 8; for V,
+// channels [gid·VD/8, (gid+1)·VD/8) of tokens 2·tig, 2·tig+1, 2·tig+8, 2·tig+9.
 // Compressed layouts are copied into shared memory by cp.async, NSTAGE steps deep per warp
 // (NSTAGE − 1 steps in flight while one is decoded), and the page ids are read one step ahead,
 // so no global load latency sits on a warp's critical path; f16/bf16 rows are read straight from
-// global memory (one 16-byte load per 8 channels). q is [batch][n_kv·GQ][HD], prepared (rotated
+// global memory (one 16-byte load per 8 channels). q is [batch][n_kv·GQ][KD], prepared (rotated
 // for turbo keys) and pre-multiplied by softmax_scale·log2(e). Partials: acc
-// [batch][heads][splits][HD] (value space, unnormalised), ml [batch][heads][splits][2]
+// [batch][heads][splits][VD] (value space, unnormalised), ml [batch][heads][splits][2]
 // (running max in log2 units, sum).
 
 #define WARPS 4
@@ -624,13 +822,16 @@ extern "C" __global__ void __launch_bounds__(128, MINB) attn_partial(
   const int len = seq_lens[b];
   const int start = split * split_tokens;
   const int end = min(len, start + split_tokens);
-  constexpr int KCH = HD / 4, VCH = HD / 8;  // channels a lane decodes per K / V token
-  constexpr int MT = HD / 16;                // m-tiles of Oᵀ
+  constexpr int KCH = KD / 4, VCH = VD / 8;  // channels a lane decodes per K / V token
+  constexpr int MT = VD / 16;                // m-tiles of Oᵀ
 
   // Turbo codebooks as f16, one copy per lane (conflict-free lookups): [role][code][lane].
   // Not needed where every run of a 3-bit turbo role decodes through the pair tables.
   constexpr bool NEED_LUT = (KS::KIND == KIND_TURBO && !(Fast<KS>::T3 && KCH % 16 == 0)) ||
-                            (VS::KIND == KIND_TURBO && !(Fast<VS>::T3 && VCH % 16 == 0));
+                            (VS::KIND == KIND_TURBO && !(Fast<VS>::T3 && VCH % 16 == 0)) ||
+                            Fast<KS>::PROD || Fast<VS>::PROD;
+  static_assert(!(Fast<KS>::PROD || Fast<KS>::OAK) || KCH % 16 == 0, "prod/oaken keys decode in runs of 16");
+  static_assert(!(Fast<VS>::PROD || Fast<VS>::OAK) || VCH % 16 == 0, "prod/oaken values decode in runs of 16");
   __shared__ u32 lut[2][32][32];
   if constexpr (NEED_LUT) {
     for (int i = tid; i < 2 * 32 * 32; i += 128) {
@@ -648,14 +849,26 @@ extern "C" __global__ void __launch_bounds__(128, MINB) attn_partial(
       plut[role][e][i % 32] = f2h32(lo) | (f2h32(hi) << 16);
     }
   }
-  if constexpr (KS::KIND == KIND_TURBO || VS::KIND == KIND_TURBO) __syncthreads();
+  // Oaken keys: the prepared query in f32 for the sparse corrections. Oaken values: each warp's
+  // sparse corrections accumulate in its sacc rows (below) from the first step on.
+  __shared__ float qs[Fast<KS>::OAK ? GQ : 1][Fast<KS>::OAK ? KD : 1];
+  // Oaken: per-step scores corrections / value weights of [head][token] between lanes.
+  __shared__ float sfix[Fast<KS>::OAK || Fast<VS>::OAK ? WARPS : 1][GQ][16];
+  constexpr int HJ = (GQ + 1) / 2;  // heads per lane in the sparse corrections
+  __shared__ float sacc[WARPS][GQ][VD];
+  if constexpr (Fast<KS>::OAK)
+    for (int i = tid; i < GQ * KD; i += 128) qs[i / KD][i % KD] = q[((u64)b * n_kv * GQ + h * GQ) * KD + i];
+  if constexpr (Fast<VS>::OAK)
+    for (int i = tid; i < WARPS * GQ * VD; i += 128) (&sacc[0][0][0])[i] = 0.0f;
+  if constexpr (KS::KIND == KIND_TURBO || VS::KIND == KIND_TURBO || NEED_LUT || Fast<KS>::OAK || Fast<VS>::OAK)
+    __syncthreads();
 
   // Q as the A fragment of S = Q·Kᵀ: k-chunk kc holds, for row gid, K words 2·kc and 2·kc+1
   // of the lane with this tig. Rows ≥ GQ (and rows 8..15) are zero.
-  u32 qa[HD / 16][2];
-  const float* qrow = q + ((u64)b * n_kv * GQ + h * GQ + min(gid, GQ - 1)) * HD + tig * KCH;
+  u32 qa[KD / 16][2];
+  const float* qrow = q + ((u64)b * n_kv * GQ + h * GQ + min(gid, GQ - 1)) * KD + tig * KCH;
 #pragma unroll
-  for (int kc = 0; kc < HD / 16; kc++) {
+  for (int kc = 0; kc < KD / 16; kc++) {
 #pragma unroll
     for (int half = 0; half < 2; half++) {
       const int w = 2 * kc + half;
@@ -730,31 +943,63 @@ extern "C" __global__ void __launch_bounds__(128, MINB) attn_partial(
         if (i + 1 < nsteps) pnext = table[(t0 + 16 * WARPS) / PT];
       }
     }
-    // Keys: tokens gid and gid + 8, channels tig·KCH ...
-    u32 kw[2][KCH / 2];
-#pragma unroll
-    for (int tile = 0; tile < 2; tile++) {
-      int tk = 8 * tile + gid;
-      int tt = kp + (t0 + tk < end ? tk : 0);
-      decrun<KS, KCH>(krun, krun_s, tt, tig * KCH, kw[tile], lut[0], plut[0]);
-    }
+    // Keys: tokens gid and gid + 8, channels tig·KCH ... With twice-as-long prepared queries
+    // or accumulators (TurboQuant-prod) the keys are decoded 16 channels at a time next to their
+    // products and the values after them, so fewer words are live at once.
+    constexpr bool WIDE = KD + VD > 2 * HD;
     // Values: tokens 2·tig + (u & 1) + 8·(u / 2), channels gid·VCH ...
     u32 vw[4][VCH / 2];
+    auto decode_values = [&]() {
 #pragma unroll
-    for (int u = 0; u < 4; u++) {
-      int tv = 2 * tig + (u & 1) + 8 * (u / 2);
-      int tt = vp + (t0 + tv < end ? tv : 0);
-      decrun<VS, VCH>(vrun, vrun_s, tt, gid * VCH, vw[u], lut[1], plut[1]);
-    }
-    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-    for (int kc = 0; kc < HD / 16; kc++)
-#pragma unroll
-      for (int tile = 0; tile < 2; tile++) {
-        const u32 a[4] = {qa[kc][0], 0u, qa[kc][1], 0u};
-        mma16816(s[tile], a, kw[tile][2 * kc], kw[tile][2 * kc + 1]);
+      for (int u = 0; u < 4; u++) {
+        int tv = 2 * tig + (u & 1) + 8 * (u / 2);
+        int tt = vp + (t0 + tv < end ? tv : 0);
+        decrun<VS, VCH>(vrun, vrun_s, tt, gid * VCH, vw[u], lut[1], plut[1]);
       }
+    };
+    if constexpr (!WIDE) decode_values();
+    const int tk0 = kp + (t0 + gid < end ? gid : 0), tk1 = kp + (t0 + 8 + gid < end ? 8 + gid : 0);
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    constexpr int KRUN = WIDE ? 16 : KCH;
+#pragma unroll
+    for (int r = 0; r < KCH / KRUN; r++) {
+      u32 kw[2][KRUN / 2];
+      decrun<KS, KRUN>(krun, krun_s, tk0, tig * KCH + KRUN * r, kw[0], lut[0], plut[0]);
+      decrun<KS, KRUN>(krun, krun_s, tk1, tig * KCH + KRUN * r, kw[1], lut[0], plut[0]);
+#pragma unroll
+      for (int kc = 0; kc < KRUN / 4; kc++)
+#pragma unroll
+        for (int tile = 0; tile < 2; tile++) {
+          const u32 a[4] = {qa[KRUN / 4 * r + kc][0], 0u, qa[KRUN / 4 * r + kc][1], 0u};
+          mma16816(s[tile], a, kw[tile][2 * kc], kw[tile][2 * kc + 1]);
+        }
+    }
+    if constexpr (WIDE) decode_values();
     // Row gid (head gid) holds tokens 8·tile + 2·tig + e.
+    if constexpr (Fast<KS>::OAK) {
+      // Sparse key entries: lane takes token lane % 16 for heads lane / 16 + 2j; the corrections
+      // reach the lanes that hold those scores through shared memory.
+      const int tk = lane % 16;
+      float c[HJ];
+#pragma unroll
+      for (int j = 0; j < HJ; j++) c[j] = 0.0f;
+      oaken_outliers<KS>(krun_s + (u32)(t0 + tk < end ? tk : 0) * KS::BB, [&](int i, float d) {
+#pragma unroll
+        for (int j = 0; j < HJ; j++)
+          if (lane / 16 + 2 * j < GQ) c[j] = fmaf(qs[lane / 16 + 2 * j][i], d, c[j]);
+      });
+#pragma unroll
+      for (int j = 0; j < HJ; j++)
+        if (lane / 16 + 2 * j < GQ) sfix[warp][lane / 16 + 2 * j][tk] = c[j];
+      __syncwarp();
+      if (gid < GQ) {
+#pragma unroll
+        for (int tile = 0; tile < 2; tile++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) s[tile][e] += sfix[warp][gid][8 * tile + 2 * tig + e];
+      }
+      __syncwarp();  // sfix is reused for the values' weights below
+    }
     float mx = -INFINITY;
 #pragma unroll
     for (int tile = 0; tile < 2; tile++)
@@ -785,6 +1030,35 @@ extern "C" __global__ void __launch_bounds__(128, MINB) attn_partial(
       for (int mt = 0; mt < MT; mt++) {
         oacc[mt][0] *= c0; oacc[mt][1] *= c1; oacc[mt][2] *= c0; oacc[mt][3] *= c1;
       }
+      if constexpr (Fast<VS>::OAK)
+        if (gid < GQ)
+          for (int c = tig; c < VD; c += 4) sacc[warp][gid][c] *= corr;
+    }
+    if constexpr (Fast<VS>::OAK) {
+      // Sparse value entries: O[head][i] += p·(value − middle level), in shared memory; lane
+      // takes token lane % 16 for heads lane / 16 + 2j, with the weights passed through sfix.
+      if (gid < GQ) {
+#pragma unroll
+        for (int tile = 0; tile < 2; tile++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) sfix[warp][gid][8 * tile + 2 * tig + e] = p[tile][e];
+      }
+      __syncwarp();
+      const int tv = lane % 16;
+      float pv[HJ];
+      bool any = false;
+#pragma unroll
+      for (int j = 0; j < HJ; j++) {
+        pv[j] = lane / 16 + 2 * j < GQ ? sfix[warp][lane / 16 + 2 * j][tv] : 0.0f;
+        any |= pv[j] != 0.0f;
+      }
+      if (any)  // a zero weight is a masked token (or an underflow): nothing to add
+        oaken_outliers<VS>(vrun_s + (u32)tv * VS::BB, [&](int i, float d) {
+#pragma unroll
+          for (int j = 0; j < HJ; j++)
+            if (pv[j] != 0.0f) atomicAdd(&sacc[warp][lane / 16 + 2 * j][i], pv[j] * d);
+        });
+      __syncwarp();  // sfix is rewritten next step
     }
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -799,19 +1073,22 @@ extern "C" __global__ void __launch_bounds__(128, MINB) attn_partial(
 
   // Merge the warps of this block.
   __shared__ float sm[WARPS][GQ], sl[WARPS][GQ];
-  __shared__ float sacc[WARPS][GQ][HD];
   if (gid < GQ && tig == 0) { sm[warp][gid] = m; sl[warp][gid] = l; }
+  if constexpr (Fast<VS>::OAK) __syncwarp();  // the warp's sparse corrections are in sacc
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int head = 2 * tig + (e & 1);
       const int c = gid * VCH + chanrun<VS, VCH>(mt, e / 2);
-      if (head < GQ) sacc[warp][head][c] = oacc[mt][e];
+      if (head < GQ) {
+        if constexpr (Fast<VS>::OAK) sacc[warp][head][c] += oacc[mt][e];
+        else sacc[warp][head][c] = oacc[mt][e];
+      }
     }
   __syncthreads();
-  for (int idx = tid; idx < GQ * HD; idx += 128) {
-    int g = idx / HD, c = idx % HD;
+  for (int idx = tid; idx < GQ * VD; idx += 128) {
+    int g = idx / VD, c = idx % VD;
     float mxs = -INFINITY;
     for (int k = 0; k < WARPS; k++) mxs = fmaxf(mxs, sm[k][g]);
     float a = 0.0f, sum = 0.0f;
@@ -823,14 +1100,14 @@ extern "C" __global__ void __launch_bounds__(128, MINB) attn_partial(
       }
     }
     u64 row = ((u64)b * n_kv * GQ + h * GQ + g) * splits + split;
-    part_acc[row * HD + c] = a;
+    part_acc[row * VD + c] = a;
     if (c == 0) { part_ml[2 * row] = mxs; part_ml[2 * row + 1] = sum; }
   }
 }
 
 
-// Merges the splits: out [batch][heads][HD] = Σ_s 2^(m_s − M)·acc_s / Σ_s 2^(m_s − M)·l_s.
-// grid = (heads, batch), HD threads.
+// Merges the splits: out [batch][heads][VD] = Σ_s 2^(m_s − M)·acc_s / Σ_s 2^(m_s − M)·l_s.
+// grid = (heads, batch), VD threads.
 extern "C" __global__ void attn_merge(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                       float* __restrict__ out, int heads, int splits) {
   const int hq = blockIdx.x, b = blockIdx.y, c = threadIdx.x;
@@ -842,23 +1119,25 @@ extern "C" __global__ void attn_merge(const float* __restrict__ part_acc, const 
     float ms = part_ml[2 * (base + s)];
     if (ms == -INFINITY) continue;
     float w = exp2f(ms - mx);
-    a += w * part_acc[(base + s) * HD + c];
+    a += w * part_acc[(base + s) * VD + c];
     sum += w * part_ml[2 * (base + s) + 1];
   }
-  out[((u64)b * heads + hq) * HD + c] = sum > 0.0f ? a / sum : 0.0f;
+  out[((u64)b * heads + hq) * VD + c] = sum > 0.0f ? a / sum : 0.0f;
 }
 
-// y[r] = M·x[r] (transpose = 0) or Mᵀ·x[r] (transpose = 1), times `factor`, for rows of HD;
-// M is HD × HD row-major. grid = rows, HD threads. Rotates queries and turbo outputs.
+// y[r] = M·x[r] (transpose = 0; M is out_dim × in_dim row-major) or Mᵀ·x[r] (transpose = 1; M is
+// in_dim × out_dim), times `factor`, for rows of in_dim (≤ 512) into rows of out_dim. grid = rows,
+// out_dim threads. Prepares queries (Π, or [Π; S] for TurboQuant-prod) and maps turbo outputs back.
 extern "C" __global__ void apply_matrix(const float* __restrict__ mat, const float* __restrict__ x,
-                                        float* __restrict__ y, int transpose, float factor) {
-  __shared__ float xs[HD];
+                                        float* __restrict__ y, int in_dim, int out_dim, int transpose,
+                                        float factor) {
+  __shared__ float xs[512];
   const int r = blockIdx.x, c = threadIdx.x;
-  xs[c] = x[(u64)r * HD + c];
+  for (int i = c; i < in_dim; i += out_dim) xs[i] = x[(u64)r * in_dim + i];
   __syncthreads();
   float a = 0.0f;
-  for (int i = 0; i < HD; i++) a = fmaf(transpose ? mat[i * HD + c] : mat[c * HD + i], xs[i], a);
-  y[(u64)r * HD + c] = a * factor;
+  for (int i = 0; i < in_dim; i++) a = fmaf(transpose ? mat[i * out_dim + c] : mat[c * in_dim + i], xs[i], a);
+  y[(u64)r * out_dim + c] = a * factor;
 }
 
 // Fills n floats with uniform values in [-1, 1) from a counter hash (benchmark caches).

@@ -184,13 +184,16 @@ pub fn prelude(shape: CacheShape, k: &RoleLayout, v: &RoleLayout) -> String {
     prelude_tuned(shape, k, v, Tuning::default())
 }
 
-/// The NVRTC prelude of a scheme's kernels for `shape` and `tuning`: the geometry, the
-/// attention kernel's occupancy target (`MINB` blocks per multiprocessor, its launch bound) and
-/// cp.async pipeline depth (`NSTAGE`, see [`stages`]), and both layouts.
+/// The NVRTC prelude of a scheme's kernels for `shape` and `tuning`: the geometry (with `KD`
+/// and `VD`, the lengths of the prepared query and of the value accumulator), the attention
+/// kernel's occupancy target (`MINB` blocks per multiprocessor, its launch bound) and cp.async
+/// pipeline depth (`NSTAGE`, see [`stages`]), and both layouts.
 pub fn prelude_tuned(shape: CacheShape, k: &RoleLayout, v: &RoleLayout, tuning: Tuning) -> String {
     format!(
-        "#define HD {}\n#define GQ {}\n#define PT {}\n#define MINB {}\n#define NSTAGE {}\n{}{}",
+        "#define HD {}\n#define KD {}\n#define VD {}\n#define GQ {}\n#define PT {}\n#define MINB {}\n#define NSTAGE {}\n{}{}",
         shape.head_dim,
+        k.logical_dim(),
+        v.logical_dim(),
         shape.q_heads / shape.kv_heads,
         shape.page_tokens,
         tuning.min_blocks,
@@ -289,7 +292,8 @@ pub struct PagedKernels {
     tuning: Tuning,
     k: RoleLayout,
     v: RoleLayout,
-    /// Π of rotated keys, or the identity: the query's preparation matrix.
+    /// The query's preparation matrix (`KD × head_dim`): the keys' [`RoleLayout::rotation`],
+    /// or the identity.
     q_mat: CudaSlice<f32>,
     k_rot: Option<CudaSlice<f32>>,
     v_rot: Option<CudaSlice<f32>>,
@@ -344,6 +348,11 @@ impl PagedKernels {
         ensure!(
             head_dim.is_multiple_of(64),
             "the tensor-core kernel needs head_dim a multiple of 64"
+        );
+        ensure!(
+            k.logical_dim() <= 256 && v.logical_dim() <= 256,
+            "the tensor-core kernel takes prepared queries and value accumulators of at most 256 \
+             (TurboQuant-prod: head_dim at most 128)"
         );
         ensure!(
             page_tokens.is_multiple_of(16),
@@ -506,6 +515,16 @@ impl PagedKernels {
         Ok(())
     }
 
+    /// Length of the prepared query (`KD`).
+    fn kd(&self) -> usize {
+        self.k.logical_dim()
+    }
+
+    /// Length of the value accumulator (`VD`).
+    fn vd(&self) -> usize {
+        self.v.logical_dim()
+    }
+
     /// Scratch for `batch` sequences of up to `max_ctx` tokens on a device with `sms`
     /// multiprocessors: the context is split so that about `blocks_per_sm` blocks per
     /// multiprocessor run.
@@ -524,10 +543,10 @@ impl PagedKernels {
         let splits = max_ctx.div_ceil(split_tokens).max(1);
         let rows = batch * s.q_heads;
         Ok(AttnScratch {
-            q: gpu.stream.alloc_zeros(rows * s.head_dim)?,
-            part_acc: gpu.stream.alloc_zeros(rows * splits * s.head_dim)?,
+            q: gpu.stream.alloc_zeros(rows * self.kd())?,
+            part_acc: gpu.stream.alloc_zeros(rows * splits * self.vd())?,
             part_ml: gpu.stream.alloc_zeros(rows * splits * 2)?,
-            rotated_out: gpu.stream.alloc_zeros(rows * s.head_dim)?,
+            rotated_out: gpu.stream.alloc_zeros(rows * self.vd())?,
             splits,
             split_tokens,
         })
@@ -557,12 +576,21 @@ impl PagedKernels {
             "q/out too short"
         );
         ensure!(
-            scratch.q.len() >= rows * s.head_dim,
+            scratch.q.len() >= rows * self.kd(),
             "scratch sized for a smaller batch"
         );
         let factor = scale * std::f32::consts::LOG2_E;
-        // Prepared query: Π·q for rotated keys, scaled by scale·log2(e).
-        self.matrix_rows(gpu, &self.q_mat, q, &mut scratch.q, rows, false, factor)?;
+        // Prepared query: M·q (Π·q for rotated keys, [Π; S]·q for TurboQuant-prod), scaled by
+        // scale·log2(e).
+        self.matrix_rows(
+            gpu,
+            &self.q_mat,
+            (q, s.head_dim),
+            (&mut scratch.q, self.kd()),
+            rows,
+            false,
+            factor,
+        )?;
         let (pb, kb, vb) = (
             self.page_bytes() as u64,
             self.k_head_bytes() as u64,
@@ -614,39 +642,64 @@ impl PagedKernels {
             .arg(&sp);
         let cfg = LaunchConfig {
             grid_dim: (s.q_heads as u32, batch as u32, 1),
-            block_dim: (s.head_dim as u32, 1, 1),
+            block_dim: (self.vd() as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: reads batch·q_heads·splits partials and writes batch·q_heads·head_dim outputs.
+        // SAFETY: reads batch·q_heads·splits partials of VD and writes batch·q_heads rows of VD
+        // (head_dim, or into rotated_out, which holds rows·VD).
         unsafe { launch.launch(cfg) }?;
         if let Some(v_rot) = &self.v_rot {
-            self.matrix_rows(gpu, v_rot, &scratch.rotated_out, out, rows, true, 1.0)?;
+            self.matrix_rows(
+                gpu,
+                v_rot,
+                (&scratch.rotated_out, self.vd()),
+                (out, s.head_dim),
+                rows,
+                true,
+                1.0,
+            )?;
         }
         Ok(())
     }
 
-    /// `y[r] = factor·M·x[r]` (or `Mᵀ`) for `rows` rows.
+    /// `y[r] = factor·M·x[r]` for `rows` rows of `x` (length `x.1`) into rows of `y` (length
+    /// `y.1`): `M` is `y.1 × x.1` row-major, or with `transpose` `Mᵀ` of an `x.1 × y.1` matrix.
     #[allow(clippy::too_many_arguments)]
     fn matrix_rows(
         &self,
         gpu: &Gpu,
         mat: &CudaSlice<f32>,
-        x: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
+        x: (&CudaSlice<f32>, usize),
+        y: (&mut CudaSlice<f32>, usize),
         rows: usize,
         transpose: bool,
         factor: f32,
     ) -> Result<()> {
-        let d = self.shape.head_dim;
+        let (x, in_dim) = x;
+        let (y, out_dim) = y;
+        ensure!(
+            mat.len() == in_dim * out_dim && x.len() >= rows * in_dim && y.len() >= rows * out_dim,
+            "matrix and rows do not match"
+        );
         let tr = i32::from(transpose);
+        let (di, dout) = (in_dim as i32, out_dim as i32);
         let mut launch = gpu.stream.launch_builder(&self.matrix);
-        launch.arg(mat).arg(x).arg(&mut *y).arg(&tr).arg(&factor);
+        launch
+            .arg(mat)
+            .arg(x)
+            .arg(&mut *y)
+            .arg(&di)
+            .arg(&dout)
+            .arg(&tr)
+            .arg(&factor);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
-            block_dim: (d as u32, 1, 1),
+            block_dim: (out_dim as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: reads a d×d matrix and rows·d inputs, writes rows·d outputs; callers size both.
+        // SAFETY: reads an in_dim×out_dim matrix and rows·in_dim inputs, writes rows·out_dim
+        // outputs (all checked above); the kernel holds one row of at most 512 inputs in shared
+        // memory (logical dims are at most 256, head_dim at most 256).
         unsafe { launch.launch(cfg) }?;
         Ok(())
     }

@@ -4,7 +4,7 @@
 
 use kvq_attn::{attend, AttnParams};
 use kvq_cache::{CacheOptions, KvCache, LayerShape, Policy};
-use kvq_codec::{build_codec, Calibration, KvSpec, Role, SchemeKind};
+use kvq_codec::{build_codec, Calibration, KvSpec, OakenThresholds, Role, SchemeKind};
 use kvq_gpu::{compile, layouts, libraries, prelude, CacheShape, Gpu, PagedKernels, Tuning};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -28,6 +28,10 @@ const SCHEMES: &[&str] = &[
     "turbo3",
     "turbo2.5",
     "turbo2",
+    "turbo2-prod",
+    "turbo3-prod",
+    "turbo4-prod",
+    "oaken",
 ];
 
 const HD: usize = 128;
@@ -54,6 +58,25 @@ fn shape() -> CacheShape {
     }
 }
 
+/// Rows as the tests draw them: uniform in [-1, 1), every 7th value 4× larger (outliers).
+fn sample_value(rng: &mut impl Rng, i: usize) -> f32 {
+    rng.gen_range(-1.0..1.0f32) * if i % 7 == 3 { 4.0 } else { 1.0 }
+}
+
+/// The calibration a scheme needs: Oaken's thresholds profiled on rows like the tests' (so all
+/// three groups and the capacity rule occur); nothing for the others.
+fn calibration(kind: SchemeKind) -> Calibration {
+    if kind != SchemeKind::Oaken {
+        return Calibration::default();
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut samples: Vec<f32> = (0..64 * HD).map(|i| sample_value(&mut rng, i)).collect();
+    Calibration {
+        oaken_thresholds: Some(OakenThresholds::from_samples(&mut samples)),
+        ..Calibration::default()
+    }
+}
+
 fn codecs(
     name: &str,
 ) -> (
@@ -62,7 +85,7 @@ fn codecs(
     Box<dyn kvq_codec::Codec>,
 ) {
     let kind = SchemeKind::parse(name).unwrap();
-    let cal = Calibration::default();
+    let cal = calibration(kind);
     let k = build_codec(kind, Role::Key, HD, &cal, 17).unwrap();
     let v = build_codec(kind, Role::Value, HD, &cal, 18).unwrap();
     (kind, k, v)
@@ -101,9 +124,7 @@ fn gpu_encoded_blocks_decode_on_the_cpu() {
         let mut table: Vec<i32> = (0..(batch * pages_per_seq) as i32).collect();
         table.shuffle(&mut rng);
         let n = batch * n_tok * KV_HEADS * HD;
-        let k: Vec<f32> = (0..n)
-            .map(|i| rng.gen_range(-1.0..1.0f32) * if i % 7 == 3 { 4.0 } else { 1.0 })
-            .collect();
+        let k: Vec<f32> = (0..n).map(|i| sample_value(&mut rng, i)).collect();
         let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0f32)).collect();
         let s = gpu.stream();
         let mut pool = s
@@ -207,11 +228,11 @@ fn gpu_attention_equals_cpu_attention() {
             max_append_tokens: 1024,
             seed: 99,
         };
-        let none = (Calibration::default(), Calibration::default());
+        let cal = (calibration(spec.k), calibration(spec.v));
         let mut cache = KvCache::new(
             &[layer],
             &Policy::uniform(spec, 1),
-            &[none],
+            &[cal],
             options,
             max_ctx,
             lens.len(),
@@ -222,7 +243,7 @@ fn gpu_attention_equals_cpu_attention() {
             .map(|&len| {
                 let seq = cache.add_sequence();
                 let n = len * KV_HEADS * HD;
-                let k: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0f32)).collect();
+                let k: Vec<f32> = (0..n).map(|i| sample_value(&mut rng, i)).collect();
                 let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0f32)).collect();
                 cache.append(seq, 0, &k, &v, len).unwrap();
                 seq
