@@ -147,11 +147,24 @@ pub fn attend(
         }
     }
 
+    // Every query head scaled, and prepared for the key codec (rotated, for example), once
+    // for all the items that read it.
+    let qlen = view.k_codec.query_len();
+    let scaled: Vec<f32> = queries.iter().map(|x| x * params.scale).collect();
+    let mut prepared = vec![0f32; scaled.len() / d * qlen];
+    prepared
+        .par_chunks_mut(qlen)
+        .zip(scaled.par_chunks(d))
+        .for_each(|(p, q)| view.k_codec.prepare_query(q, p));
+
     let partials: Vec<(usize, usize, Vec<Partial>)> = items
         .par_iter()
         .map(|item| {
-            let first_head = item.kv_head * group;
-            let heads = &queries[(item.query * params.q_heads + first_head) * d..][..group * d];
+            let first_head = item.query * params.q_heads + item.kv_head * group;
+            let heads = Heads {
+                scaled: &scaled[first_head * d..][..group * d],
+                prepared: &prepared[first_head * qlen..][..group * qlen],
+            };
             let states = attend_run(view, heads, positions[item.query], item, params);
             (item.query, item.kv_head, states)
         })
@@ -181,32 +194,36 @@ pub fn attend(
     }
 }
 
-/// Softmax states of the query heads in `heads` (one group, `group × head_dim`) over the spans
-/// of `item`. Spans are the outer loop and heads the inner one, so each span's bytes are read
+/// The query heads of one group: scaled by the softmax factor (for full-precision spans), and
+/// prepared by the key codec (for compressed ones).
+#[derive(Clone, Copy)]
+struct Heads<'a> {
+    /// `group × head_dim` values.
+    scaled: &'a [f32],
+    /// `group × query_len` values.
+    prepared: &'a [f32],
+}
+
+/// Softmax states of the query heads in `heads` (one group) over the spans of `item`. Spans are the outer loop and heads the inner one, so each span's bytes are read
 /// from memory once and reused from cache for every head of the group; each head keeps an
 /// online softmax (running maximum, rescaled sums).
 fn attend_run(
     view: &LayerView,
-    heads: &[f32],
+    heads: Heads,
     pos: usize,
     item: &Item,
     params: &AttnParams,
 ) -> Vec<Partial> {
     let d = view.head_dim;
-    let group = heads.len() / d;
+    let group = heads.scaled.len() / d;
     let qlen = view.k_codec.query_len();
-    let scaled: Vec<f32> = heads.iter().map(|x| x * params.scale).collect();
-    let mut prepared = vec![0f32; group * qlen];
-    for (q, p) in scaled.chunks_exact(d).zip(prepared.chunks_exact_mut(qlen)) {
-        view.k_codec.prepare_query(q, p);
-    }
     let mut states: Vec<Partial> = (0..group)
         .map(|_| Partial::new(view.v_codec.accumulator_len(), d))
         .collect();
     // The group's queries as the codecs take them: prepared for compressed spans, scaled only
     // for full-precision ones.
-    let prepared_heads: Vec<&[f32]> = prepared.chunks_exact(qlen).collect();
-    let scaled_heads: Vec<&[f32]> = scaled.chunks_exact(d).collect();
+    let prepared_heads: Vec<&[f32]> = heads.prepared.chunks_exact(qlen).collect();
+    let scaled_heads: Vec<&[f32]> = heads.scaled.chunks_exact(d).collect();
     let mut scores: Vec<f32> = Vec::new();
     for span in &view.spans[item.spans.clone()] {
         let Some((from, to)) = visible(span, pos, params.window) else {

@@ -10,6 +10,7 @@
 //! Randomness comes from ChaCha20 seeded with a `u64` and a stream number ([`seeded_rng`]), so the
 //! same `(seed, stream)` gives the same matrix on every machine.
 
+use crate::simd::{self, RowFormat};
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use rand_distr::{Distribution, StandardNormal};
@@ -84,7 +85,7 @@ impl Rotation {
         match &self.form {
             Form::Dense(m) => {
                 for (row, o) in m.chunks_exact(self.dim).zip(out.iter_mut()) {
-                    *o = row.iter().zip(x).map(|(a, b)| a * b).sum();
+                    *o = simd::dot(RowFormat::F32, x, simd::f32_bytes(row));
                 }
             }
             Form::Hadamard(signs) => {
@@ -102,9 +103,7 @@ impl Rotation {
             Form::Dense(m) => {
                 out.fill(0.0);
                 for (row, &v) in m.chunks_exact(self.dim).zip(y) {
-                    for (o, &a) in out.iter_mut().zip(row) {
-                        *o += a * v;
-                    }
+                    simd::axpy(RowFormat::F32, v, simd::f32_bytes(row), out);
                 }
             }
             Form::Hadamard(signs) => {

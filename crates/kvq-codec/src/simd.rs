@@ -95,6 +95,14 @@ fn load(format: RowFormat, row: &[u8], i: usize) -> f32 {
     }
 }
 
+/// `values` as the bytes of a [`RowFormat::F32`] row.
+pub fn f32_bytes(values: &[f32]) -> &[u8] {
+    // SAFETY: any f32 is 4 initialized bytes, u8 has alignment 1, and the length is exact.
+    unsafe {
+        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+    }
+}
+
 /// `Σ q[i]·row[i]` over `q.len()` elements of `row`.
 #[inline]
 pub fn dot(format: RowFormat, q: &[f32], row: &[u8]) -> f32 {
