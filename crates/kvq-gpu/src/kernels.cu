@@ -590,9 +590,12 @@ __device__ void encode_block(const float* rows, u8* out, const float* rot) {
     int params = (S::KIND == KIND_UNI_CHANNEL ? HD : HD / S::GROUP) * P;
     pack_codes(codes, T * HD, S::BITS, out + params);
   } else if constexpr (S::KIND == KIND_TURBO || S::KIND == KIND_PROD) {
-    // As kvq-codec turbo.rs, operation for operation (sums in the CPU's order, no contraction):
-    // n = ‖x‖ in f64; unit = x / n; y = Π·unit; nearest centroid per coordinate. Prod adds the
-    // residual r = Πᵀ(y − c[idx]), γ = ‖r‖ and the signs of S·r (rot is [Π; S], 2·HD rows).
+    // As kvq-codec turbo.rs: n = ‖x‖ in f64; unit = x / n; y = Π·unit; nearest centroid per
+    // coordinate. Prod adds the residual r = Πᵀ(y − c[idx]), γ = ‖r‖ and the signs of S·r (rot is
+    // [Π; S] as the codec scales it, 2·HD rows). Sums run in index order without contraction (the
+    // codec's scalar order); its vector kernels may round differently, so a code or sign at a
+    // rounding boundary can differ from the CPU's (the tests accept blocks that decode with the
+    // CPU's error).
     __shared__ double dscratch[1];
     const float x = rows[c];
     if (c == 0) {
