@@ -351,6 +351,102 @@ pub fn decode_lut(packed: &[u8], bits: u32, lut: &[f32; 16], a: f32, out: &mut [
     }));
 }
 
+/// Where a stored row keeps the affine maps of its codes' groups (f16 values, little-endian).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GroupParams {
+    /// One scale for the whole run at byte `at`: `value = scale·level`.
+    Scale {
+        /// Byte offset of the scale in the row.
+        at: usize,
+    },
+    /// Group `g`'s scale at byte `4g` and minimum at `4g + 2`: `value = scale·code + min`.
+    ScaleMin,
+    /// Group `g`'s scale at byte `2g`: `value = scale·(code − zero)`.
+    ScaleZero {
+        /// The code that stands for 0.
+        zero: f32,
+    },
+}
+
+impl GroupParams {
+    /// The map `(a, b)` (`value = a·level + b`) of group `g` of `row`.
+    #[inline]
+    fn read(self, row: &[u8], g: usize) -> (f32, f32) {
+        let f16_at = |at: usize| f16::from_le_bytes([row[at], row[at + 1]]).to_f32();
+        match self {
+            GroupParams::Scale { at } => (f16_at(at), 0.0),
+            GroupParams::ScaleMin => (f16_at(4 * g), f16_at(4 * g + 2)),
+            GroupParams::ScaleZero { zero } => {
+                let scale = f16_at(2 * g);
+                (scale, -scale * zero)
+            }
+        }
+    }
+}
+
+/// One run of packed codes in every row of a run of stored rows, and how it decodes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CodeRun {
+    /// Bytes per stored row.
+    pub row_bytes: usize,
+    /// Byte offset of the packed codes within a row.
+    pub codes_at: usize,
+    /// Codes in the run (a multiple of 8).
+    pub len: usize,
+    /// Code width in bits (1, 2, 3, 4 or 8; at most 4 with a table).
+    pub bits: u32,
+    /// Codes per group sharing one affine map (a multiple of 8 dividing `len`).
+    pub group: usize,
+    /// Where the groups' maps are stored.
+    pub params: GroupParams,
+}
+
+/// Decodes `run` in every row of `rows`: `out[t·out_stride + out_at + i] = a_g·level_i + b_g`,
+/// where `level` is the code itself or its entry in `lut`. The working-space decoder of the
+/// per-token codecs: one call per tile instead of one per row.
+pub fn decode_rows(
+    rows: &[u8],
+    run: &CodeRun,
+    lut: Option<&[f32; 16]>,
+    out: &mut [f32],
+    out_stride: usize,
+    out_at: usize,
+) {
+    let n = rows.len() / run.row_bytes;
+    assert!(
+        run.len.is_multiple_of(8)
+            && run.group.is_multiple_of(8)
+            && run.len.is_multiple_of(run.group)
+    );
+    assert!(run.codes_at + run.len / 8 * run.bits as usize <= run.row_bytes);
+    assert!(n == 0 || (n - 1) * out_stride + out_at + run.len <= out.len());
+    assert!(lut.is_none() || run.bits <= 4);
+    #[cfg(target_arch = "x86_64")]
+    if use_avx512() && run.group.is_multiple_of(16) {
+        // SAFETY: AVX-512F/DQ are present; every row holds its codes and the output its
+        // values (asserted above).
+        return with_width!(run.bits, B => unsafe {
+            avx512::decode_rows::<B>(rows, run, lut, out, out_stride, out_at)
+        });
+    }
+    let group_bytes = run.group / 8 * run.bits as usize;
+    for (t, row) in rows.chunks_exact(run.row_bytes).enumerate() {
+        let codes = &row[run.codes_at..][..run.len / 8 * run.bits as usize];
+        let values = &mut out[t * out_stride + out_at..][..run.len];
+        for (g, (packed, o)) in codes
+            .chunks_exact(group_bytes)
+            .zip(values.chunks_exact_mut(run.group))
+            .enumerate()
+        {
+            let (a, b) = run.params.read(row, g);
+            match lut {
+                Some(lut) => decode_lut(packed, run.bits, lut, a, o),
+                None => decode_codes(packed, run.bits, &[a], &[b], o),
+            }
+        }
+    }
+}
+
 /// `Σ_i q[i]·lut[code_i]` over the `q.len()` (a multiple of 8) codes of width `bits` ≤ 4.
 pub fn dot_lut(packed: &[u8], bits: u32, lut: &[f32; 16], q: &[f32]) -> f32 {
     assert!(bits <= 4 && q.len().is_multiple_of(8));
@@ -927,9 +1023,15 @@ mod avx512 {
         if B == 8 {
             return _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
         }
-        let mut bytes = [0u8; 8];
-        std::ptr::copy_nonoverlapping(p, bytes.as_mut_ptr(), 2 * B);
-        let word = u64::from_le_bytes(bytes);
+        let word = match B {
+            1 => u64::from(std::ptr::read_unaligned(p as *const u16)),
+            2 => u64::from(std::ptr::read_unaligned(p as *const u32)),
+            3 => {
+                u64::from(std::ptr::read_unaligned(p as *const u32))
+                    | u64::from(std::ptr::read_unaligned(p.add(4) as *const u16)) << 32
+            }
+            _ => std::ptr::read_unaligned(p as *const u64),
+        };
         let (w0, w1) = (
             (word & ((1 << (8 * B)) - 1)) as i32,
             (word >> (8 * B)) as i32,
@@ -1007,6 +1109,32 @@ mod avx512 {
                 _mm512_storeu_ps(o.add(i), _mm512_fmadd_ps(av, x, bv));
                 p = p.add(2 * B);
                 i += 16;
+            }
+        }
+    }
+
+    /// `super::decode_rows` for code width `B` and groups of a multiple of 16 codes.
+    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    pub unsafe fn decode_rows<const B: usize>(
+        rows: &[u8],
+        run: &super::CodeRun,
+        lut: Option<&[f32; 16]>,
+        out: &mut [f32],
+        out_stride: usize,
+        out_at: usize,
+    ) {
+        let table = lut.map(|l| _mm512_loadu_ps(l.as_ptr()));
+        for (t, row) in rows.chunks_exact(run.row_bytes).enumerate() {
+            let mut p = row.as_ptr().add(run.codes_at);
+            let o = out.as_mut_ptr().add(t * out_stride + out_at);
+            for g in 0..run.len / run.group {
+                let (a, b) = run.params.read(row, g);
+                let (av, bv) = (_mm512_set1_ps(a), _mm512_set1_ps(b));
+                for i in (g * run.group..(g + 1) * run.group).step_by(16) {
+                    let x = levels16(codes16::<B>(p), table);
+                    _mm512_storeu_ps(o.add(i), _mm512_fmadd_ps(av, x, bv));
+                    p = p.add(2 * B);
+                }
             }
         }
     }
@@ -1201,6 +1329,53 @@ mod tests {
                 for i in 0..n {
                     assert!((acc[i] - (q[i] + 0.5 * load(format, &row, i))).abs() < 1e-5);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn row_decoder_agrees_with_scalar() {
+        let lut: [f32; 16] = std::array::from_fn(|i| (i as f32 - 7.3) * 0.37);
+        let row_bytes = 96;
+        let rows: Vec<u8> = (0..row_bytes * 5)
+            .map(|i| (i * 37 + 11) as u8 % 251)
+            .collect();
+        // Parameters stay finite f16s: clear the high exponent bits of the parameter bytes.
+        let rows: Vec<u8> = rows
+            .chunks_exact(row_bytes)
+            .flat_map(|r| {
+                r.iter()
+                    .enumerate()
+                    .map(|(i, &b)| if i < 16 && i % 2 == 1 { b & 0x3B } else { b })
+            })
+            .collect();
+        for bits in [2u32, 3, 4, 8] {
+            for (group, params) in [
+                (16, GroupParams::ScaleMin),
+                (32, GroupParams::ScaleZero { zero: 4.0 }),
+                (8, GroupParams::ScaleMin),
+                (64, GroupParams::Scale { at: 2 }),
+            ] {
+                let run = CodeRun {
+                    row_bytes,
+                    codes_at: 16,
+                    len: 64,
+                    bits,
+                    group,
+                    params,
+                };
+                let table =
+                    (bits <= 4 && matches!(params, GroupParams::Scale { .. })).then_some(&lut);
+                let (mut v, mut s) = (vec![0f32; 5 * 70], vec![0f32; 5 * 70]);
+                decode_rows(&rows, &run, table, &mut v, 70, 3);
+                force_scalar(|| decode_rows(&rows, &run, table, &mut s, 70, 3));
+                assert!(
+                    v.iter()
+                        .zip(&s)
+                        .all(|(a, b)| (a - b).abs() <= 1e-5 * (1.0 + b.abs())),
+                    "bits {bits} group {group} {params:?}"
+                );
+                assert!(s.iter().any(|&x| x != 0.0));
             }
         }
     }

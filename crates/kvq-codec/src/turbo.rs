@@ -526,19 +526,28 @@ impl Codec for TurboCodec {
     }
 
     fn decode_working(&self, blocks: &[u8], rows: &mut [f32]) {
-        let d = self.head_dim;
-        for (row, out) in blocks
-            .chunks_exact(self.block_bytes)
-            .zip(rows.chunks_exact_mut(self.working_len()))
-        {
-            for part in &self.parts {
-                let norm = read_f16(row, part.norm_offset);
-                for seg in &part.segments {
-                    let o = &mut out[part.coord_offset + seg.first..][..seg.len];
-                    simd::decode_lut(seg.packed(row), seg.bits(), &seg.lut, norm, o);
-                }
+        let (d, width) = (self.head_dim, self.working_len());
+        for part in &self.parts {
+            for seg in &part.segments {
+                let run = simd::CodeRun {
+                    row_bytes: self.block_bytes,
+                    codes_at: seg.byte_offset,
+                    len: seg.len,
+                    bits: seg.bits(),
+                    group: seg.len,
+                    params: simd::GroupParams::Scale {
+                        at: part.norm_offset,
+                    },
+                };
+                let at = part.coord_offset + seg.first;
+                simd::decode_rows(blocks, &run, Some(&seg.lut), rows, width, at);
             }
-            if let Some(qjl) = &self.qjl {
+        }
+        if let Some(qjl) = &self.qjl {
+            for (row, out) in blocks
+                .chunks_exact(self.block_bytes)
+                .zip(rows.chunks_exact_mut(width))
+            {
                 let signs = &row[qjl.signs_offset..qjl.signs_offset + bits::packed_len(d, 1)];
                 let weight = self.qjl_weight(row, qjl);
                 simd::decode_lut(signs, 1, &SIGN_LEVELS, weight, &mut out[d..2 * d]);

@@ -31,7 +31,7 @@
 //! Values must fit in f16 (`|x| ≤ 65504`); larger ones cannot be given a finite f16 scale and
 //! are rejected with [`CodecError::NonFinite`], as the `f16` scheme rejects them.
 
-use crate::simd::{axpy_codes, decode_codes, dot_codes};
+use crate::simd::{axpy_codes, decode_codes, decode_rows, dot_codes, CodeRun, GroupParams};
 use crate::{bits, check_finite, Codec, CodecError, Role};
 use half::f16;
 
@@ -302,6 +302,26 @@ impl IntCodec {
         &block[self.params_bytes() + t * n..][..n]
     }
 
+    /// A per-token row's codes as [`decode_rows`] reads them (`None` for per-channel blocks).
+    fn token_run(&self) -> Option<CodeRun> {
+        let Grouping::PerToken { group } = self.grouping else {
+            return None;
+        };
+        Some(CodeRun {
+            row_bytes: self.block_bytes(),
+            codes_at: self.params_bytes(),
+            len: self.head_dim,
+            bits: self.bits,
+            group,
+            params: match self.zero {
+                ZeroPoint::Asymmetric => GroupParams::ScaleMin,
+                ZeroPoint::Symmetric => GroupParams::ScaleZero {
+                    zero: (1u32 << (self.bits - 1)) as f32,
+                },
+            },
+        })
+    }
+
     fn max_code(&self) -> u8 {
         ((1u32 << self.bits) - 1) as u8
     }
@@ -373,25 +393,7 @@ impl Codec for IntCodec {
 
     fn decode(&self, block: &[u8], rows: &mut [f32]) {
         match self.grouping {
-            Grouping::PerToken { .. } => {
-                // The row's parameters on the stack (heap only for unusually many groups).
-                const STACK_GROUPS: usize = 32;
-                let groups = self.groups();
-                let (mut scales, mut offsets) = ([0f32; STACK_GROUPS], [0f32; STACK_GROUPS]);
-                let (mut scales_heap, mut offsets_heap) = (Vec::new(), Vec::new());
-                let (scales, offsets) = if groups <= STACK_GROUPS {
-                    (&mut scales[..groups], &mut offsets[..groups])
-                } else {
-                    scales_heap.resize(groups, 0.0);
-                    offsets_heap.resize(groups, 0.0);
-                    (&mut scales_heap[..], &mut offsets_heap[..])
-                };
-                for (g, (scale, offset)) in scales.iter_mut().zip(offsets.iter_mut()).enumerate() {
-                    let affine = self.affine(block, g);
-                    (*scale, *offset) = (affine.scale, affine.offset());
-                }
-                decode_codes(self.row_codes(block, 0), self.bits, scales, offsets, rows);
-            }
+            Grouping::PerToken { .. } => self.decode_working(block, rows),
             Grouping::PerChannel { .. } => {
                 let (scales, offsets): (Vec<f32>, Vec<f32>) = (0..self.groups())
                     .map(|c| {
@@ -401,6 +403,22 @@ impl Codec for IntCodec {
                     .unzip();
                 for (t, row) in rows.chunks_exact_mut(self.head_dim).enumerate() {
                     decode_codes(self.row_codes(block, t), self.bits, &scales, &offsets, row);
+                }
+            }
+        }
+    }
+
+    /// Per-token rows decode a whole run in one vector call; per-channel blocks one by one.
+    fn decode_working(&self, blocks: &[u8], rows: &mut [f32]) {
+        match self.token_run() {
+            Some(run) => decode_rows(blocks, &run, None, rows, self.head_dim, 0),
+            None => {
+                let per_block = self.block_tokens() * self.head_dim;
+                for (block, out) in blocks
+                    .chunks_exact(self.block_bytes())
+                    .zip(rows.chunks_exact_mut(per_block))
+                {
+                    self.decode(block, out);
                 }
             }
         }
