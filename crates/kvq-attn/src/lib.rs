@@ -1,9 +1,9 @@
 //! # kvq-attn
 //!
 //! Attention over a [`LayerView`] of the compressed cache, for any number of query tokens
-//! (prefill) or one (decode). Scores and the value sum are computed by the codecs' fused
-//! kernels directly on the stored bytes — nothing is decoded into a buffer the size of the
-//! cache. Work is split over (query, KV head, run of context) items on rayon's pool; each item
+//! (prefill) or one (decode). Scores and the value sum are computed by the codecs' group
+//! kernels on the stored bytes — at most a small L1 tile of rows is decoded at a time, nothing
+//! the size of the cache. The softmax exponentials run in a vector kernel. Work is split over (query, KV head, run of context) items on rayon's pool; each item
 //! keeps an online-softmax state, and states of the same query and head are merged at the end.
 //!
 //! Grouped-query attention is handled by scoring every query head of a group against the same

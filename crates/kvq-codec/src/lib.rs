@@ -7,7 +7,12 @@
 //! * [`Codec::score`]: `q·k_t` for every key row of a run of encoded blocks;
 //! * [`Codec::accumulate`]: `acc += Σ_t w_t·v_t` over a run of encoded value blocks.
 //!
-//! Neither writes decoded rows to memory. Codecs know nothing of models, files or threads: a codec
+//! Neither writes decoded rows to memory. Their group forms ([`Codec::score_group`],
+//! [`Codec::accumulate_group`]), which attention uses for the query heads that share a KV head,
+//! decode at most a few dozen rows at a time into an L1-resident tile ([`tile`]) and run
+//! register-blocked float kernels on it: each row is decoded once for the whole group.
+//!
+//! Codecs know nothing of models, files or threads: a codec
 //! is built from a [`SchemeKind`] (parsed from the names of design.md §4.1), a head size, a
 //! [`Role`] (keys or values) and optional [`Calibration`] data.
 //!

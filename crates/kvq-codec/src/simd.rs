@@ -481,6 +481,120 @@ pub fn axpy_lut(packed: &[u8], bits: u32, lut: &[f32; 16], a: f32, acc: &mut [f3
     }));
 }
 
+/// The two group-kernel drivers of a vector module, around its `score4` (4 rows × 1 or 2
+/// queries) and `accumulate_chunk` (`$chunk` channels of 1 to 4 heads over all rows) kernels.
+#[cfg(target_arch = "x86_64")]
+macro_rules! group_drivers {
+    ($chunk:literal, $features:literal) => {
+        /// [`super::dot_rows_group`]: blocks of 4 rows × 2 queries, reduced 8 at a time.
+        #[target_feature(enable = $features)]
+        pub unsafe fn dot_rows_group(
+            format: RowFormat,
+            queries: &[&[f32]],
+            rows: &[u8],
+            scores: &mut [&mut [f32]],
+        ) {
+            let (heads, d, n) = (queries.len(), queries[0].len(), scores[0].len());
+            let row_bytes = rows.len() / n.max(1);
+            assert!(
+                d.is_multiple_of(8)
+                    && row_bytes >= d * format.bytes()
+                    && queries.iter().all(|q| q.len() == d)
+                    && scores.iter().all(|s| s.len() == n)
+            );
+            let mut t = 0;
+            while t + 4 <= n {
+                let r = rows.as_ptr().add(t * row_bytes);
+                let mut h = 0;
+                while h + 2 <= heads {
+                    let q = [queries[h].as_ptr(), queries[h + 1].as_ptr()];
+                    let s = score4::<2>(format, q, d, r, row_bytes);
+                    _mm_storeu_ps(scores[h][t..t + 4].as_mut_ptr(), _mm256_castps256_ps128(s));
+                    _mm_storeu_ps(
+                        scores[h + 1][t..t + 4].as_mut_ptr(),
+                        _mm256_extractf128_ps(s, 1),
+                    );
+                    h += 2;
+                }
+                if h < heads {
+                    let s = score4::<1>(format, [queries[h].as_ptr()], d, r, row_bytes);
+                    _mm_storeu_ps(scores[h][t..t + 4].as_mut_ptr(), _mm256_castps256_ps128(s));
+                }
+                t += 4;
+            }
+            for t in t..n {
+                let row = &rows[t * row_bytes..][..row_bytes];
+                for (q, s) in queries.iter().zip(scores.iter_mut()) {
+                    s[t] = super::dot(format, q, row);
+                }
+            }
+        }
+
+        /// [`super::axpy_rows_group`] for accumulators of a multiple of the chunk: the chunk's
+        /// channels of up to 4 heads at a time, summed in registers over every row.
+        #[target_feature(enable = $features)]
+        pub unsafe fn axpy_rows_group(
+            format: RowFormat,
+            weights: &[&[f32]],
+            rows: &[u8],
+            accs: &mut [&mut [f32]],
+        ) {
+            let (heads, d, n) = (weights.len(), accs[0].len(), weights[0].len());
+            let row_bytes = rows.len() / n.max(1);
+            assert!(
+                d.is_multiple_of($chunk)
+                    && row_bytes >= d * format.bytes()
+                    && row_bytes * n <= rows.len()
+                    && weights.iter().all(|w| w.len() == n)
+                    && accs.iter().all(|a| a.len() == d)
+            );
+            let r = rows.as_ptr();
+            let mut h = 0;
+            while h < heads {
+                let w = |k: usize| weights[h + k].as_ptr();
+                let take = (heads - h).min(4);
+                let a: Vec<*mut f32> = accs[h..h + take]
+                    .iter_mut()
+                    .map(|a| a.as_mut_ptr())
+                    .collect();
+                for i in (0..d).step_by($chunk) {
+                    match take {
+                        4 => accumulate_chunk::<4>(
+                            format,
+                            [w(0), w(1), w(2), w(3)],
+                            r,
+                            row_bytes,
+                            n,
+                            i,
+                            [a[0], a[1], a[2], a[3]],
+                        ),
+                        3 => accumulate_chunk::<3>(
+                            format,
+                            [w(0), w(1), w(2)],
+                            r,
+                            row_bytes,
+                            n,
+                            i,
+                            [a[0], a[1], a[2]],
+                        ),
+                        2 => accumulate_chunk::<2>(
+                            format,
+                            [w(0), w(1)],
+                            r,
+                            row_bytes,
+                            n,
+                            i,
+                            [a[0], a[1]],
+                        ),
+                        _ => accumulate_chunk::<1>(format, [w(0)], r, row_bytes, n, i, [a[0]]),
+                    }
+                }
+                h += take;
+            }
+        }
+    };
+}
+
 /// AVX2/FMA/F16C kernels and the helpers the codecs' block kernels share. Every function
 /// requires a CPU with AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
@@ -854,50 +968,13 @@ pub(crate) mod avx2 {
         hsum8(acc)
     }
 
-    /// [`super::dot_rows_group`]: blocks of 4 rows × 2 queries, reduced 8 at a time.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_rows_group(
-        format: RowFormat,
-        queries: &[&[f32]],
-        rows: &[u8],
-        scores: &mut [&mut [f32]],
-    ) {
-        let (heads, d, n) = (queries.len(), queries[0].len(), scores[0].len());
-        let row_bytes = rows.len() / n.max(1);
-        assert!(row_bytes >= d * format.bytes() && scores.iter().all(|s| s.len() == n));
-        let mut t = 0;
-        while t + 4 <= n {
-            let r = rows.as_ptr().add(t * row_bytes);
-            let mut h = 0;
-            while h + 2 <= heads {
-                let q = [queries[h].as_ptr(), queries[h + 1].as_ptr()];
-                let s = score4::<2>(format, q, d, r, row_bytes);
-                _mm_storeu_ps(scores[h][t..t + 4].as_mut_ptr(), _mm256_castps256_ps128(s));
-                _mm_storeu_ps(
-                    scores[h + 1][t..t + 4].as_mut_ptr(),
-                    _mm256_extractf128_ps(s, 1),
-                );
-                h += 2;
-            }
-            if h < heads {
-                let s = score4::<1>(format, [queries[h].as_ptr()], d, r, row_bytes);
-                _mm_storeu_ps(scores[h][t..t + 4].as_mut_ptr(), _mm256_castps256_ps128(s));
-            }
-            t += 4;
-        }
-        for t in t..n {
-            let row = &rows[t * row_bytes..][..row_bytes];
-            for (q, s) in queries.iter().zip(scores.iter_mut()) {
-                s[t] = dot(format, q, row);
-            }
-        }
-    }
+    group_drivers!(16, "avx2,fma,f16c");
 
     /// `accs[h][i..i+16] += Σ_t w[h][t]·row_t[i..i+16]` for `H` ≤ 4 heads: the 2H
     /// accumulators stay in registers over all rows.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn accumulate16<const H: usize>(
+    unsafe fn accumulate_chunk<const H: usize>(
         format: RowFormat,
         w: [*const f32; H],
         rows: *const u8,
@@ -921,61 +998,6 @@ pub(crate) mod avx2 {
                 let a = acc[h].add(i + 8 * k);
                 _mm256_storeu_ps(a, _mm256_add_ps(_mm256_loadu_ps(a), s));
             }
-        }
-    }
-
-    /// [`super::axpy_rows_group`] for accumulators of a multiple of 16 values: 16 channels of
-    /// up to 4 heads at a time, summed in registers over every row.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn axpy_rows_group(
-        format: RowFormat,
-        weights: &[&[f32]],
-        rows: &[u8],
-        accs: &mut [&mut [f32]],
-    ) {
-        let (heads, d, n) = (weights.len(), accs[0].len(), weights[0].len());
-        let row_bytes = rows.len() / n.max(1);
-        assert!(
-            d % 16 == 0
-                && row_bytes >= d * format.bytes()
-                && row_bytes * n <= rows.len()
-                && weights.iter().all(|w| w.len() == n)
-                && accs.iter().all(|a| a.len() == d)
-        );
-        let r = rows.as_ptr();
-        let mut h = 0;
-        while h < heads {
-            let w = |k: usize| weights[h + k].as_ptr();
-            let take = (heads - h).min(4);
-            let a: Vec<*mut f32> = accs[h..h + take]
-                .iter_mut()
-                .map(|a| a.as_mut_ptr())
-                .collect();
-            for i in (0..d).step_by(16) {
-                match take {
-                    4 => accumulate16::<4>(
-                        format,
-                        [w(0), w(1), w(2), w(3)],
-                        r,
-                        row_bytes,
-                        n,
-                        i,
-                        [a[0], a[1], a[2], a[3]],
-                    ),
-                    3 => accumulate16::<3>(
-                        format,
-                        [w(0), w(1), w(2)],
-                        r,
-                        row_bytes,
-                        n,
-                        i,
-                        [a[0], a[1], a[2]],
-                    ),
-                    2 => accumulate16::<2>(format, [w(0), w(1)], r, row_bytes, n, i, [a[0], a[1]]),
-                    _ => accumulate16::<1>(format, [w(0)], r, row_bytes, n, i, [a[0]]),
-                }
-            }
-            h += take;
         }
     }
 
@@ -1168,54 +1190,12 @@ mod avx512 {
         }))
     }
 
-    /// [`super::dot_rows_group`] for queries of a multiple of 16 values.
-    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
-    pub unsafe fn dot_rows_group(
-        format: RowFormat,
-        queries: &[&[f32]],
-        rows: &[u8],
-        scores: &mut [&mut [f32]],
-    ) {
-        let (heads, d, n) = (queries.len(), queries[0].len(), scores[0].len());
-        let row_bytes = rows.len() / n.max(1);
-        assert!(
-            d % 16 == 0
-                && row_bytes >= d * format.bytes()
-                && queries.iter().all(|q| q.len() == d)
-                && scores.iter().all(|s| s.len() == n)
-        );
-        let mut t = 0;
-        while t + 4 <= n {
-            let r = rows.as_ptr().add(t * row_bytes);
-            let mut h = 0;
-            while h + 2 <= heads {
-                let q = [queries[h].as_ptr(), queries[h + 1].as_ptr()];
-                let s = score4::<2>(format, q, d, r, row_bytes);
-                _mm_storeu_ps(scores[h][t..t + 4].as_mut_ptr(), _mm256_castps256_ps128(s));
-                _mm_storeu_ps(
-                    scores[h + 1][t..t + 4].as_mut_ptr(),
-                    _mm256_extractf128_ps(s, 1),
-                );
-                h += 2;
-            }
-            if h < heads {
-                let s = score4::<1>(format, [queries[h].as_ptr()], d, r, row_bytes);
-                _mm_storeu_ps(scores[h][t..t + 4].as_mut_ptr(), _mm256_castps256_ps128(s));
-            }
-            t += 4;
-        }
-        for t in t..n {
-            let row = &rows[t * row_bytes..][..row_bytes];
-            for (q, s) in queries.iter().zip(scores.iter_mut()) {
-                s[t] = super::dot(format, q, row);
-            }
-        }
-    }
+    group_drivers!(64, "avx512f,avx512dq,avx2,fma,f16c");
 
-    /// As `avx2::accumulate16`, for 64 channels.
+    /// As `avx2::accumulate_chunk`, for 64 channels.
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
-    unsafe fn accumulate64<const H: usize>(
+    unsafe fn accumulate_chunk<const H: usize>(
         format: RowFormat,
         w: [*const f32; H],
         rows: *const u8,
@@ -1240,60 +1220,6 @@ mod avx512 {
                 let a = acc[h].add(i + 16 * k);
                 _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), s));
             }
-        }
-    }
-
-    /// [`super::axpy_rows_group`] for accumulators of a multiple of 64 values.
-    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
-    pub unsafe fn axpy_rows_group(
-        format: RowFormat,
-        weights: &[&[f32]],
-        rows: &[u8],
-        accs: &mut [&mut [f32]],
-    ) {
-        let (heads, d, n) = (weights.len(), accs[0].len(), weights[0].len());
-        let row_bytes = rows.len() / n.max(1);
-        assert!(
-            d % 64 == 0
-                && row_bytes >= d * format.bytes()
-                && row_bytes * n <= rows.len()
-                && weights.iter().all(|w| w.len() == n)
-                && accs.iter().all(|a| a.len() == d)
-        );
-        let r = rows.as_ptr();
-        let mut h = 0;
-        while h < heads {
-            let w = |k: usize| weights[h + k].as_ptr();
-            let take = (heads - h).min(4);
-            let a: Vec<*mut f32> = accs[h..h + take]
-                .iter_mut()
-                .map(|a| a.as_mut_ptr())
-                .collect();
-            for i in (0..d).step_by(64) {
-                match take {
-                    4 => accumulate64::<4>(
-                        format,
-                        [w(0), w(1), w(2), w(3)],
-                        r,
-                        row_bytes,
-                        n,
-                        i,
-                        [a[0], a[1], a[2], a[3]],
-                    ),
-                    3 => accumulate64::<3>(
-                        format,
-                        [w(0), w(1), w(2)],
-                        r,
-                        row_bytes,
-                        n,
-                        i,
-                        [a[0], a[1], a[2]],
-                    ),
-                    2 => accumulate64::<2>(format, [w(0), w(1)], r, row_bytes, n, i, [a[0], a[1]]),
-                    _ => accumulate64::<1>(format, [w(0)], r, row_bytes, n, i, [a[0]]),
-                }
-            }
-            h += take;
         }
     }
 }
