@@ -142,9 +142,9 @@ pub struct CacheArgs {
     /// First tokens of each sequence kept in 16-bit floats for good (attention sinks)
     #[arg(long, default_value_t = 0, value_name = "TOKENS")]
     pub sinks: usize,
-    /// Tokens per cache page
-    #[arg(long, default_value_t = 64, value_name = "TOKENS")]
-    pub page_tokens: usize,
+    /// Tokens per cache page [default: 64, or the key block of a KIVI -g128 scheme when larger]
+    #[arg(long, value_name = "TOKENS")]
+    pub page_tokens: Option<usize>,
     /// Seed of the random rotations of TurboQuant schemes
     #[arg(long, default_value_t = 0x6b7671)]
     pub rotation_seed: u64,
@@ -215,20 +215,31 @@ impl CacheArgs {
 
     /// Cache options; `max_append_tokens` is the longest prefill chunk the caller will append.
     pub fn options(&self, max_append_tokens: usize) -> Result<CacheOptions> {
-        let kivi = |k: SchemeKind| matches!(k, SchemeKind::Kivi { .. });
-        let uses_kivi = match &self.files()?.policy {
-            Some(p) => p.layers.iter().any(|l| kivi(l.k) || kivi(l.v)),
+        let kinds: Vec<SchemeKind> = match &self.files()?.policy {
+            Some(p) => p.layers.iter().flat_map(|l| [l.k, l.v]).collect(),
             None => {
                 let spec = self.spec()?;
-                kivi(spec.k) || kivi(spec.v)
+                vec![spec.k, spec.v]
             }
         };
-        let hot_window = self.hot_window.unwrap_or(if uses_kivi { 128 } else { 0 });
-        if self.page_tokens == 0 {
+        let kivi_group = kinds
+            .iter()
+            .filter_map(|k| match *k {
+                SchemeKind::Kivi { group, .. } => Some(usize::from(group)),
+                _ => None,
+            })
+            .max();
+        let hot_window = self
+            .hot_window
+            .unwrap_or(if kivi_group.is_some() { 128 } else { 0 });
+        let page_tokens = self
+            .page_tokens
+            .unwrap_or_else(|| kivi_group.unwrap_or(0).max(64));
+        if page_tokens == 0 {
             bail!("--page-tokens must be positive");
         }
         Ok(CacheOptions {
-            page_tokens: self.page_tokens,
+            page_tokens,
             hot_window,
             sink_tokens: self.sinks,
             max_append_tokens,

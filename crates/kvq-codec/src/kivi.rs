@@ -1,41 +1,49 @@
 //! KIVI (Liu et al., ICML 2024): `kivi2` and `kivi4`, asymmetric uniform quantization with keys
-//! grouped per channel and values per token (methods.md §3).
+//! grouped per channel and values per token (methods.md §3), with group size `G` = 32
+//! (`kivi4`, `kivi2`), 64 or 128 (`kivi4-g64`, `kivi2-g128`, …).
 //!
-//! * **Keys**: a block holds 32 tokens. Each channel has its own f16 scale and f16 minimum over
-//!   those 32 tokens. Layout: `head_dim × (scale f16, min f16)`, then 32 rows of
-//!   `b·head_dim/8` bytes of `b`-bit codes (least significant bit first). Bits per element:
-//!   `(4·d + 32·b·d/8)·8 / (32·d) = b + 1`.
-//! * **Values**: a block holds one token, in groups of 32 channels, each with an f16 scale and
-//!   f16 minimum. Layout: `(d/32) × (scale f16, min f16)`, then `b·d/8` bytes of codes. Bits per
-//!   element: `b + 32/32 = b + 1`.
+//! * **Keys**: a block holds `G` tokens. Each channel has its own f16 scale and f16 minimum over
+//!   those tokens. Layout: `head_dim × (scale f16, min f16)`, then `G` rows of `b·head_dim/8`
+//!   bytes of `b`-bit codes (least significant bit first). Bits per element:
+//!   `(4·d + G·b·d/8)·8 / (G·d) = b + 32/G`.
+//! * **Values**: a block holds one token, in groups of `G` channels, each with an f16 scale and
+//!   f16 minimum. Layout: `(d/G) × (scale f16, min f16)`, then `b·d/8` bytes of codes. Bits per
+//!   element: `b + 32/G`.
 //!
-//! So `kivi2` costs 3 bits and `kivi4` 5 bits per element at every head size. The codec is the
-//! uniform engine of [`crate::uniform`] with these two layouts: the quantizer, rounding and
-//! fused kernels are shared with `int{b}`.
+//! So `kivi2` costs 3 bits and `kivi4` 5 bits per element at every head size; `kivi4-g128`
+//! 4.25. The codec is the uniform engine of [`crate::uniform`] with these two layouts: the
+//! quantizer, rounding and fused kernels are shared with `int{b}`.
 //!
 //! KIVI's full-precision recent window (R = 128 tokens in the paper) is not part of the codec:
-//! the cache keeps the newest tokens in full precision and hands a block to this codec once 32
-//! key rows (or one value row) leave the window. Its share of the memory is counted by the cache.
+//! the cache keeps the newest tokens in full precision and hands a block to this codec once `G`
+//! key rows (or one value row) leave the window. Its share of the memory is counted by the
+//! cache. A larger `G` has cheaper parameters but coarser key scales and a longer partial block.
 
 use crate::uniform::{Grouping, IntCodec, ZeroPoint};
 use crate::{CodecError, Role};
 
-/// Tokens per key block and channels per value group.
-pub const KIVI_GROUP: usize = 32;
-
-/// Builds `kivi{bits}` (`bits` = 2 or 4) for `role` at `head_dim` (a multiple of 8 for
-/// keys, of 32 for values).
-pub fn kivi_codec(bits: u8, role: Role, head_dim: usize) -> Result<IntCodec, CodecError> {
-    let name = format!("kivi{bits}");
-    if !matches!(bits, 2 | 4) {
+/// Builds `kivi{bits}` (`bits` = 2 or 4) with group `group` (tokens per key block, channels
+/// per value group) for `role` at `head_dim` (a multiple of 8 for keys, of `group` for values).
+pub fn kivi_codec(
+    bits: u8,
+    group: usize,
+    role: Role,
+    head_dim: usize,
+) -> Result<IntCodec, CodecError> {
+    let name = if group == 32 {
+        format!("kivi{bits}")
+    } else {
+        format!("kivi{bits}-g{group}")
+    };
+    if !matches!(bits, 2 | 4) || !matches!(group, 32 | 64 | 128) {
         return Err(CodecError::UnknownScheme {
             name,
-            known: "kivi2, kivi4".into(),
+            known: "kivi2, kivi4, with -g64 or -g128".into(),
         });
     }
     let grouping = match role {
-        Role::Key => Grouping::PerChannel { tokens: KIVI_GROUP },
-        Role::Value => Grouping::PerToken { group: KIVI_GROUP },
+        Role::Key => Grouping::PerChannel { tokens: group },
+        Role::Value => Grouping::PerToken { group },
     };
     IntCodec::with_layout(
         name,
@@ -52,19 +60,38 @@ mod tests {
     use crate::Codec;
 
     #[test]
-    fn bits_are_b_plus_one_for_both_roles() {
-        for (bits, expected) in [(2u8, 3.0), (4, 5.0)] {
-            for d in [64, 128, 256] {
+    fn bits_are_b_plus_32_over_the_group_for_both_roles() {
+        for (bits, group, expected) in [
+            (2u8, 32, 3.0),
+            (4, 32, 5.0),
+            (4, 64, 4.5),
+            (4, 128, 4.25),
+            (2, 128, 2.25),
+        ] {
+            for d in [128, 256] {
                 for role in [Role::Key, Role::Value] {
-                    let c = kivi_codec(bits, role, d).unwrap();
-                    assert_eq!(c.bits_per_element(), expected, "kivi{bits} {role:?} {d}");
+                    let c = kivi_codec(bits, group, role, d).unwrap();
+                    assert_eq!(
+                        c.bits_per_element(),
+                        expected,
+                        "kivi{bits}-g{group} {role:?} {d}"
+                    );
                 }
             }
         }
-        assert_eq!(kivi_codec(4, Role::Key, 64).unwrap().block_tokens(), 32);
-        assert_eq!(kivi_codec(4, Role::Value, 64).unwrap().block_tokens(), 1);
-        assert!(kivi_codec(4, Role::Value, 48).is_err());
-        assert!(kivi_codec(3, Role::Key, 64).is_err());
+        assert_eq!(kivi_codec(4, 32, Role::Key, 64).unwrap().block_tokens(), 32);
+        assert_eq!(
+            kivi_codec(4, 128, Role::Key, 64).unwrap().block_tokens(),
+            128
+        );
+        assert_eq!(
+            kivi_codec(4, 32, Role::Value, 64).unwrap().block_tokens(),
+            1
+        );
+        assert!(kivi_codec(4, 32, Role::Value, 48).is_err());
+        assert!(kivi_codec(4, 128, Role::Value, 64).is_err());
+        assert!(kivi_codec(3, 32, Role::Key, 64).is_err());
+        assert!(kivi_codec(4, 48, Role::Key, 64).is_err());
     }
 
     #[test]
@@ -73,7 +100,7 @@ mod tests {
         // rounded up to f16. A huge channel must not coarsen the others (as a per-token scale
         // would): channel 0's step stays below 31/15.
         let d = 8;
-        let c = kivi_codec(4, Role::Key, d).unwrap();
+        let c = kivi_codec(4, 32, Role::Key, d).unwrap();
         let rows: Vec<f32> = (0..32 * d)
             .map(|i| (i / d) as f32 * (1u32 << (i % d)) as f32)
             .collect();

@@ -32,8 +32,9 @@ pub enum SchemeKind {
     Q5_1,
     /// llama.cpp `iq4_nl`.
     Iq4Nl,
-    /// KIVI with 2 or 4 bits.
-    Kivi { bits: u8 },
+    /// KIVI with 2 or 4 bits and a group of 32, 64 or 128 (tokens per key block, channels
+    /// per value group).
+    Kivi { bits: u8, group: u16 },
     /// Oaken (online half; thresholds from a profile).
     Oaken,
     /// TurboQuant-mse at `half_bits / 2` bits per coordinate (4, 5, 6, 7, 8 → 2, 2.5, 3, 3.5, 4).
@@ -63,7 +64,11 @@ pub fn scheme_names() -> Vec<String> {
             "q5_1",
             "iq4_nl",
             "kivi4",
+            "kivi4-g64",
+            "kivi4-g128",
             "kivi2",
+            "kivi2-g64",
+            "kivi2-g128",
             "oaken",
             "turbo4",
             "turbo3.5",
@@ -97,8 +102,6 @@ impl SchemeKind {
             "q5_0" => Self::Q5_0,
             "q5_1" => Self::Q5_1,
             "iq4_nl" => Self::Iq4Nl,
-            "kivi2" => Self::Kivi { bits: 2 },
-            "kivi4" => Self::Kivi { bits: 4 },
             "oaken" => Self::Oaken,
             "turbo2" => Self::Turbo { half_bits: 4 },
             "turbo2.5" => Self::Turbo { half_bits: 5 },
@@ -108,7 +111,7 @@ impl SchemeKind {
             "turbo2-prod" => Self::TurboProd { bits: 2 },
             "turbo3-prod" => Self::TurboProd { bits: 3 },
             "turbo4-prod" => Self::TurboProd { bits: 4 },
-            other => parse_int(other).ok_or_else(|| CodecError::UnknownScheme {
+            other => parse_grouped(other).ok_or_else(|| CodecError::UnknownScheme {
                 name: name.to_string(),
                 known: scheme_names().join(", "),
             })?,
@@ -132,7 +135,8 @@ impl SchemeKind {
             Self::Q5_0 => "q5_0".into(),
             Self::Q5_1 => "q5_1".into(),
             Self::Iq4Nl => "iq4_nl".into(),
-            Self::Kivi { bits } => format!("kivi{bits}"),
+            Self::Kivi { bits, group: 32 } => format!("kivi{bits}"),
+            Self::Kivi { bits, group } => format!("kivi{bits}-g{group}"),
             Self::Oaken => "oaken".into(),
             Self::Turbo { half_bits } if half_bits % 2 == 0 => format!("turbo{}", half_bits / 2),
             Self::Turbo { half_bits } => format!("turbo{}.5", half_bits / 2),
@@ -146,17 +150,28 @@ impl SchemeKind {
     }
 }
 
-fn parse_int(name: &str) -> Option<SchemeKind> {
-    let rest = name.strip_prefix("int")?;
+/// `int{2,3,4}[-gG]` (default group 64) and `kivi{2,4}[-gG]` (default group 32), `G` ∈
+/// {32, 64, 128}.
+fn parse_grouped(name: &str) -> Option<SchemeKind> {
+    let (family, default_group) = if name.starts_with("int") {
+        ("int", 64)
+    } else {
+        ("kivi", 32)
+    };
+    let rest = name.strip_prefix(family)?;
     let (bits, group) = match rest.split_once("-g") {
         Some((b, g)) => (b, g.parse::<u16>().ok()?),
-        None => (rest, 64),
+        None => (rest, default_group),
     };
     let bits: u8 = bits.parse().ok()?;
-    if !matches!(bits, 2..=4) || !matches!(group, 32 | 64 | 128) {
+    if !matches!(group, 32 | 64 | 128) {
         return None;
     }
-    Some(SchemeKind::Int { bits, group })
+    match family {
+        "int" if matches!(bits, 2..=4) => Some(SchemeKind::Int { bits, group }),
+        "kivi" if matches!(bits, 2 | 4) => Some(SchemeKind::Kivi { bits, group }),
+        _ => None,
+    }
 }
 
 /// A `--kv` value: one scheme for keys and one for values (`KIND` or `k=KIND,v=KIND`).
@@ -278,7 +293,9 @@ fn build_plain(
         SchemeKind::Q5_0 => Box::new(ggml::GgmlCodec::new(ggml::GgmlType::Q5_0, head_dim)?),
         SchemeKind::Q5_1 => Box::new(ggml::GgmlCodec::new(ggml::GgmlType::Q5_1, head_dim)?),
         SchemeKind::Iq4Nl => Box::new(ggml::GgmlCodec::new(ggml::GgmlType::Iq4Nl, head_dim)?),
-        SchemeKind::Kivi { bits } => Box::new(kivi::kivi_codec(bits, role, head_dim)?),
+        SchemeKind::Kivi { bits, group } => {
+            Box::new(kivi::kivi_codec(bits, usize::from(group), role, head_dim)?)
+        }
         SchemeKind::Oaken => Box::new(oaken::OakenCodec::from_calibration(calibration, head_dim)?),
         SchemeKind::Turbo { half_bits } => Box::new(turbo::TurboCodec::mse(
             half_bits,

@@ -99,7 +99,7 @@ impl RoleLayout {
                 usize::from(group),
                 false,
             ),
-            SchemeKind::Kivi { bits } => match role {
+            SchemeKind::Kivi { bits, group: 32 } => match role {
                 Role::Key => plain(KIND_UNI_CHANNEL, 32, u32::from(bits), d, false),
                 Role::Value => plain(KIND_UNI_TOKEN, 1, u32::from(bits), 32, false),
             },
