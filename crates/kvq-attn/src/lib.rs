@@ -3,8 +3,9 @@
 //! Attention over a [`LayerView`] of the compressed cache, for any number of query tokens
 //! (prefill) or one (decode). Scores and the value sum are computed by the codecs' group
 //! kernels on the stored bytes — at most a small L1 tile of rows is decoded at a time, nothing
-//! the size of the cache. The softmax exponentials run in a vector kernel. Work is split over (query, KV head, run of context) items on rayon's pool; each item
-//! keeps an online-softmax state, and states of the same query and head are merged at the end.
+//! the size of the cache. The softmax exponentials run in a vector kernel. Work is split over
+//! (query, KV head, run of context) items on rayon's pool; each item keeps an online-softmax
+//! state, and states of the same query and head are merged at the end.
 //!
 //! Grouped-query attention is handled by scoring every query head of a group against the same
 //! KV head. Causality and sliding windows are masks on positions.
@@ -204,9 +205,10 @@ struct Heads<'a> {
     prepared: &'a [f32],
 }
 
-/// Softmax states of the query heads in `heads` (one group) over the spans of `item`. Spans are the outer loop and heads the inner one, so each span's bytes are read
-/// from memory once and reused from cache for every head of the group; each head keeps an
-/// online softmax (running maximum, rescaled sums).
+/// Softmax states of the query heads in `heads` (one group) over the spans of `item`. Spans
+/// are the outer loop and heads the inner one, so each span's bytes are read from memory once
+/// and reused from cache for every head of the group; each head keeps an online softmax
+/// (running maximum, rescaled sums).
 fn attend_run(
     view: &LayerView,
     heads: Heads,

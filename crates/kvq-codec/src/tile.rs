@@ -4,7 +4,7 @@
 //! [`crate::simd`]. The tile holds at most [`TILE_ROWS`] rows (or one block, if larger) and
 //! stays in the L1 cache; nothing the size of the cache is ever decoded.
 
-use crate::simd::{axpy_rows_group, dot_rows_group, RowFormat};
+use crate::simd::{axpy_rows_group, dot_rows_group, f32_bytes, RowFormat};
 use crate::Codec;
 use std::cell::RefCell;
 
@@ -13,14 +13,6 @@ pub const TILE_ROWS: usize = 32;
 
 thread_local! {
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// The tile's f32 values as the bytes the float kernels read.
-fn as_bytes(values: &[f32]) -> &[u8] {
-    // SAFETY: any f32 is 4 initialized bytes, u8 has alignment 1, and the length is exact.
-    unsafe {
-        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
-    }
 }
 
 /// Calls `f(first_row, tile)` for consecutive tiles of working rows decoded from `blocks`.
@@ -58,7 +50,7 @@ pub fn score_group<C: Codec + ?Sized>(
             .iter_mut()
             .map(|s| &mut s[first..first + rows])
             .collect();
-        dot_rows_group(RowFormat::F32, &queries, as_bytes(tile), &mut out);
+        dot_rows_group(RowFormat::F32, &queries, f32_bytes(tile), &mut out);
     });
 }
 
@@ -74,6 +66,6 @@ pub fn accumulate_group<C: Codec + ?Sized>(
     for_each_tile(codec, blocks, |first, tile| {
         let rows = tile.len() / width;
         let w: Vec<&[f32]> = weights.iter().map(|w| &w[first..first + rows]).collect();
-        axpy_rows_group(RowFormat::F32, &w, as_bytes(tile), &mut accs);
+        axpy_rows_group(RowFormat::F32, &w, f32_bytes(tile), &mut accs);
     });
 }
