@@ -64,23 +64,8 @@ impl RoleLayout {
             d.is_multiple_of(32) && (32..=256).contains(&d),
             "the GPU kernels need head_dim a multiple of 32 up to 256, got {d}"
         );
-        let plain = |kind, block_tokens, bits, group, symmetric| Self {
-            kind,
-            block_tokens,
-            block_bytes: codec.block_bytes(),
-            bits,
-            group,
-            symmetric,
-            seg0: d,
-            b0: 8,
-            b1: 8,
-            lut: vec![0.0; 32],
-            bounds: vec![0.0; 30],
-            rotation: None,
-            logical: d,
-            qjl_scale: 0.0,
-            oaken: [0.0; 4],
-            capacity: 0,
+        let plain = |kind, block_tokens, bits, group, symmetric| {
+            Self::plain(codec, kind, block_tokens, bits, group, symmetric)
         };
         let layout = match kind {
             SchemeKind::F16 => plain(KIND_F16, 1, 16, d, true),
@@ -117,6 +102,37 @@ impl RoleLayout {
             codec.block_bytes()
         );
         Ok(layout)
+    }
+
+    /// A layout of `bits`-bit codes in groups of `group` with no table, rotation or sparse
+    /// part; the special layouts start from it.
+    fn plain(
+        codec: &dyn Codec,
+        kind: u32,
+        block_tokens: usize,
+        bits: u32,
+        group: usize,
+        symmetric: bool,
+    ) -> Self {
+        let d = codec.head_dim();
+        Self {
+            kind,
+            block_tokens,
+            block_bytes: codec.block_bytes(),
+            bits,
+            group,
+            symmetric,
+            seg0: d,
+            b0: 8,
+            b1: 8,
+            lut: vec![0.0; 32],
+            bounds: vec![0.0; 30],
+            rotation: None,
+            logical: d,
+            qjl_scale: 0.0,
+            oaken: [0.0; 4],
+            capacity: 0,
+        }
     }
 
     /// TurboQuant-mse at `half_bits / 2` bits, or TurboQuant-prod (`prod`) with `half_bits / 2`
@@ -198,13 +214,8 @@ impl RoleLayout {
             lut[16 * s..16 * s + book.centroids().len()].copy_from_slice(book.centroids());
             bounds[15 * s..15 * s + book.boundaries().len()].copy_from_slice(book.boundaries());
         }
+        let kind = if prod { KIND_PROD } else { KIND_TURBO };
         Ok(Self {
-            kind: if prod { KIND_PROD } else { KIND_TURBO },
-            block_tokens: 1,
-            block_bytes: codec.block_bytes(),
-            bits: b0,
-            group: d,
-            symmetric: false,
             seg0,
             b0,
             b1,
@@ -213,8 +224,7 @@ impl RoleLayout {
             rotation: Some(rotation),
             logical,
             qjl_scale,
-            oaken: [0.0; 4],
-            capacity: 0,
+            ..Self::plain(codec, kind, 1, b0, d, false)
         })
     }
 
@@ -247,22 +257,11 @@ impl RoleLayout {
             "oaken thresholds read back out of order: {t:?}"
         );
         Ok(Self {
-            kind: KIND_OAKEN,
-            block_tokens: 1,
-            block_bytes: bb,
-            bits: 4,
-            group: d,
-            symmetric: false,
-            seg0: d,
             b0: 4,
             b1: 4,
-            lut: vec![0.0; 32],
-            bounds: vec![0.0; 30],
-            rotation: None,
-            logical: d,
-            qjl_scale: 0.0,
             oaken: t,
             capacity: bb - sparse,
+            ..Self::plain(codec, KIND_OAKEN, 1, 4, d, false)
         })
     }
 
