@@ -111,16 +111,35 @@ fn check(spec: &str, options: CacheOptions, window: Option<usize>, ctx: usize, q
         window,
     };
     let view = cache.view(seq, 0).unwrap();
-    let mut out = vec![0f32; q.len()];
-    attend(&view, &q, &positions, &params, &mut out);
     let want = reference(&view, &q, &positions, &params);
-    for (i, (a, b)) in out.iter().zip(&want).enumerate() {
-        assert!(
-            (a - b).abs() < 2e-4,
-            "{spec} window {window:?} ctx {ctx} queries {queries}: element {i}: {a} vs {b}"
-        );
+    // Run once on the float kernels and once on the integer ones (where the CPU has them),
+    // never concurrently with another test's switch.
+    let _serial = KERNELS.lock().unwrap_or_else(|e| e.into_inner());
+    for integer in [false, true] {
+        kvq_codec::levels::set_enabled(integer);
+        let mut out = vec![0f32; q.len()];
+        attend(&view, &q, &positions, &params, &mut out);
+        // The integer kernels round queries and weights to i8 (kvq_codec::levels, where the
+        // bounds are checked exactly). Here scores move by up to ~0.01 and a weight by up to
+        // 1/254 of its tile's largest, so outputs move by up to 8.3e-3 (measured, kivi4 with a
+        // window: a handful of large weights); a masking or merging error moves them by ~0.1.
+        let tolerance = if integer && kvq_codec::levels::available() {
+            1.2e-2
+        } else {
+            2e-4
+        };
+        for (i, (a, b)) in out.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() < tolerance,
+                "{spec} window {window:?} ctx {ctx} queries {queries} integer {integer}: element {i}: {a} vs {b}"
+            );
+        }
     }
+    kvq_codec::levels::set_enabled(true);
 }
+
+/// Serializes the tests that switch the integer kernels (a process-wide setting).
+static KERNELS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn decode_and_prefill_match_plain_attention_for_every_kind_of_codec() {

@@ -148,6 +148,10 @@ pub struct CacheArgs {
     /// Seed of the random rotations of TurboQuant schemes
     #[arg(long, default_value_t = 0x6b7671)]
     pub rotation_seed: u64,
+    /// Compute attention on 2–4-bit caches with the f32 kernels instead of the 8-bit integer
+    /// (AVX-512 VNNI) ones, which round queries and softmax weights to 8 bits; slower
+    #[arg(long)]
+    pub f32_attention: bool,
     #[arg(skip)]
     files: OnceLock<CacheFiles>,
 }
@@ -214,7 +218,9 @@ impl CacheArgs {
     }
 
     /// Cache options; `max_append_tokens` is the longest prefill chunk the caller will append.
+    /// Also selects the attention kernels for the process (`--f32-attention`).
     pub fn options(&self, max_append_tokens: usize) -> Result<CacheOptions> {
+        kvq_codec::levels::set_enabled(!self.f32_attention);
         let kinds: Vec<SchemeKind> = match &self.files()?.policy {
             Some(p) => p.layers.iter().flat_map(|l| [l.k, l.v]).collect(),
             None => {

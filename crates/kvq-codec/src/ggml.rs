@@ -28,6 +28,7 @@
 //! The block functions ([`GgmlType::quantize_block`], [`GgmlType::dequantize_block`],
 //! [`GgmlType::dequantize_row`]) are public so that GGUF weights use the same implementation.
 
+use crate::levels::{self, CodeLayout, LevelFormat, MapLayout};
 use crate::uniform::{out_of_f16_range, read_f16};
 use crate::{check_finite, Codec, CodecError};
 use half::f16;
@@ -360,21 +361,51 @@ impl Codec for GgmlCodec {
         self.ty.dequantize_row(block, rows);
     }
 
-    /// Types with a minimum append each 32-block's query sum, which the `m` term needs.
+    /// Types with a minimum append each 32-block's query sum, which the `m` term needs;
+    /// `q4_0` the i8 query of the integer kernels.
     fn query_len(&self) -> usize {
-        if self.ty.has_min() {
-            self.head_dim + self.blocks_per_row()
+        let sums = if self.ty.has_min() {
+            self.blocks_per_row()
         } else {
-            self.head_dim
-        }
+            0
+        };
+        let slots = self
+            .level_format()
+            .map_or(0, |f| levels::query_slots(f.width));
+        self.head_dim + sums + slots
     }
 
     fn prepare_query(&self, query: &[f32], prepared: &mut [f32]) {
         let d = self.head_dim;
         prepared[..d].copy_from_slice(query);
-        for (sum, qs) in prepared[d..].iter_mut().zip(query.chunks_exact(QK)) {
-            *sum = qs.iter().sum();
+        if self.ty.has_min() {
+            for (sum, qs) in prepared[d..].iter_mut().zip(query.chunks_exact(QK)) {
+                *sum = qs.iter().sum();
+            }
         }
+        if let Some(format) = self.level_format() {
+            levels::finish_query(&format, prepared);
+        }
+    }
+
+    fn level_format(&self) -> Option<LevelFormat> {
+        if self.ty != GgmlType::Q4_0 {
+            return None;
+        }
+        Some(LevelFormat {
+            row_bytes: self.block_bytes(),
+            width: self.head_dim,
+            codes: CodeLayout::Q4_0,
+            maps: MapLayout {
+                channels: QK,
+                scale_at: 0,
+                stride: 18,
+                min_at: None,
+                zero: 8.0,
+            },
+            table: None,
+        })
+        .filter(LevelFormat::supported)
     }
 
     fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]) {

@@ -9,8 +9,10 @@
 //!
 //! Neither writes decoded rows to memory. Their group forms ([`Codec::score_group`],
 //! [`Codec::accumulate_group`]), which attention uses for the query heads that share a KV head,
-//! decode at most a few dozen rows at a time into an L1-resident tile ([`tile`]) and run
-//! register-blocked float kernels on it: each row is decoded once for the whole group.
+//! decode at most a few dozen rows at a time into an L1-resident tile and run register-blocked
+//! kernels on it, each row decoded once for the whole group: integer `vpdpbusd` kernels on
+//! 8-bit levels where the codec has a [`levels::LevelFormat`] and the CPU has AVX-512 VNNI
+//! ([`levels`]), float kernels otherwise ([`tile`]).
 //!
 //! Codecs know nothing of models, files or threads: a codec
 //! is built from a [`SchemeKind`] (parsed from the names of design.md §4.1), a head size, a
@@ -27,6 +29,7 @@ pub mod float;
 pub mod fp8;
 pub mod ggml;
 pub mod kivi;
+pub mod levels;
 pub mod lloyd_max;
 pub mod normalized;
 pub mod oaken;
@@ -208,6 +211,12 @@ pub trait Codec: Send + Sync {
             self.decode(block, out);
         }
     }
+    /// How the stored rows hold 8-bit levels, for the integer group kernels ([`levels`]):
+    /// `None` (the default) keeps the float kernels. A codec that returns a supported format
+    /// appends [`levels::quantize_query`]'s slots to its prepared query.
+    fn level_format(&self) -> Option<levels::LevelFormat> {
+        None
+    }
     /// Turns an accumulator into output values (`head_dim` long); the default copies it.
     fn finish(&self, acc: &[f32], out: &mut [f32]) {
         out.copy_from_slice(&acc[..self.head_dim()]);
@@ -291,7 +300,7 @@ mod tests {
                     simd::force_scalar(|| codec.score(&prepared, &bytes, &mut scalar));
                     for (t, (v, s)) in vector.iter().zip(&scalar).enumerate() {
                         let k = &decoded[t * head_dim..(t + 1) * head_dim];
-                        let tolerance = 1e-5 * (1.0 + norm(&prepared) * norm(k));
+                        let tolerance = 1e-5 * (1.0 + norm(&prepared[..head_dim]) * norm(k));
                         assert!(
                             (v - s).abs() <= tolerance,
                             "{name} {role:?} {head_dim} score {t}: {v} {s}"

@@ -1,4 +1,5 @@
-//! The default group kernels: a run of blocks is decoded, a few rows at a time, into a small
+//! The default group kernels. Codecs with a [`crate::levels::LevelFormat`] go to the integer
+//! kernels of [`crate::levels`] where the CPU has them. Otherwise a run of blocks is decoded, a few rows at a time, into a small
 //! f32 tile in the codec's working space ([`Codec::decode_working`]), and the tile is scored
 //! and accumulated for every query head of the group by the register-blocked float kernels of
 //! [`crate::simd`]. The tile holds at most [`TILE_ROWS`] rows (or one block, if larger) and
@@ -35,6 +36,13 @@ fn for_each_tile<C: Codec + ?Sized>(codec: &C, blocks: &[u8], mut f: impl FnMut(
     });
 }
 
+/// The codec's level format, when the integer kernels can run on it.
+fn integer_format<C: Codec + ?Sized>(codec: &C) -> Option<crate::levels::LevelFormat> {
+    codec
+        .level_format()
+        .filter(|f| f.supported() && crate::levels::available())
+}
+
 /// [`Codec::score_group`] through decoded tiles.
 pub fn score_group<C: Codec + ?Sized>(
     codec: &C,
@@ -42,6 +50,9 @@ pub fn score_group<C: Codec + ?Sized>(
     blocks: &[u8],
     scores: &mut [&mut [f32]],
 ) {
+    if let Some(format) = integer_format(codec) {
+        return crate::levels::score_group(&format, queries, blocks, scores);
+    }
     let width = codec.working_len();
     let queries: Vec<&[f32]> = queries.iter().map(|q| &q[..width]).collect();
     for_each_tile(codec, blocks, |first, tile| {
@@ -61,6 +72,9 @@ pub fn accumulate_group<C: Codec + ?Sized>(
     blocks: &[u8],
     accs: &mut [&mut [f32]],
 ) {
+    if let Some(format) = integer_format(codec) {
+        return crate::levels::accumulate_group(&format, weights, blocks, accs);
+    }
     let width = codec.working_len();
     let mut accs: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..width]).collect();
     for_each_tile(codec, blocks, |first, tile| {

@@ -59,6 +59,7 @@
 //! | `turboB-prod` | `B + 32/d` | B + 0.5 | B + 0.25 | B + 0.125 |
 
 use crate::bits;
+use crate::levels::{self, CodeLayout, LevelFormat, LevelTable, MapLayout};
 use crate::lloyd_max::{sphere_codebook, Codebook};
 use crate::rotation::{gaussian_matrix, seeded_rng, Rotation, RotationKind};
 use crate::simd;
@@ -93,6 +94,8 @@ pub struct TurboCodec {
     qjl: Option<Qjl>,
     channel_scales: Option<Vec<f32>>,
     block_bytes: usize,
+    /// The rows as 8-bit levels, for the single-codebook variants without QJL.
+    levels: Option<LevelFormat>,
 }
 
 /// One TurboQuant instance over a set of channels.
@@ -337,6 +340,29 @@ impl TurboCodec {
             offset += 2 + bits::packed_len(head_dim, 1);
             qjl
         });
+        let levels = match (&parts[..], &qjl) {
+            ([part], None) if part.segments.len() == 1 => {
+                let seg = &part.segments[0];
+                Some(LevelFormat {
+                    row_bytes: offset,
+                    width: head_dim,
+                    codes: CodeLayout::Packed {
+                        at: seg.byte_offset,
+                        bits: seg.bits(),
+                    },
+                    maps: MapLayout {
+                        channels: head_dim,
+                        scale_at: part.norm_offset,
+                        stride: 0,
+                        min_at: None,
+                        zero: 128.0,
+                    },
+                    table: Some(LevelTable::nearest(seg.codebook.centroids())),
+                })
+                .filter(LevelFormat::supported)
+            }
+            _ => None,
+        };
         Ok(Self {
             name,
             head_dim,
@@ -344,6 +370,7 @@ impl TurboCodec {
             qjl,
             channel_scales,
             block_bytes: offset,
+            levels,
         })
     }
 
@@ -471,8 +498,10 @@ impl Codec for TurboCodec {
         self.finish(&acc, rows);
     }
 
+    /// The rotated query, the QJL sketch of the prod variants, and the i8 form of the rotated
+    /// query where the integer kernels apply.
     fn query_len(&self) -> usize {
-        self.accumulator_len()
+        self.accumulator_len() + self.levels.map_or(0, |f| levels::query_slots(f.width))
     }
 
     fn prepare_query(&self, query: &[f32], prepared: &mut [f32]) {
@@ -495,6 +524,13 @@ impl Codec for TurboCodec {
                 *p = scale * row.iter().zip(&scaled).map(|(a, b)| a * b).sum::<f32>();
             }
         }
+        if let Some(format) = &self.levels {
+            levels::finish_query(format, prepared);
+        }
+    }
+
+    fn level_format(&self) -> Option<LevelFormat> {
+        self.levels
     }
 
     fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]) {

@@ -31,6 +31,7 @@
 //! Values must fit in f16 (`|x| ≤ 65504`); larger ones cannot be given a finite f16 scale and
 //! are rejected with [`CodecError::NonFinite`], as the `f16` scheme rejects them.
 
+use crate::levels::{self, CodeLayout, LevelFormat, MapLayout};
 use crate::simd::{axpy_codes, decode_codes, decode_rows, dot_codes, CodeRun, GroupParams};
 use crate::{bits, check_finite, Codec, CodecError, Role};
 use half::f16;
@@ -425,10 +426,15 @@ impl Codec for IntCodec {
     }
 
     /// Per-token groupings append each group's query sum (`Σ q_c` over the group), which the
-    /// offset term of [`Codec::score`] needs.
+    /// offset term of [`Codec::score`] needs, and the i8 query of the integer kernels.
     fn query_len(&self) -> usize {
         match self.grouping {
-            Grouping::PerToken { .. } => self.head_dim + self.groups(),
+            Grouping::PerToken { .. } => {
+                let slots = self
+                    .level_format()
+                    .map_or(0, |f| levels::query_slots(f.width));
+                self.head_dim + self.groups() + slots
+            }
             Grouping::PerChannel { .. } => self.head_dim,
         }
     }
@@ -441,6 +447,38 @@ impl Codec for IntCodec {
                 *sum = qs.iter().sum();
             }
         }
+        if let Some(format) = self.level_format() {
+            levels::finish_query(&format, prepared);
+        }
+    }
+
+    /// Per-token groupings: the codes are the levels, each group's map its scale and minimum
+    /// (or its scale around the middle code).
+    fn level_format(&self) -> Option<LevelFormat> {
+        let Grouping::PerToken { group } = self.grouping else {
+            return None;
+        };
+        let (min_at, zero) = match self.zero {
+            ZeroPoint::Asymmetric => (Some(2), 0.0),
+            ZeroPoint::Symmetric => (None, (1u32 << (self.bits - 1)) as f32),
+        };
+        Some(LevelFormat {
+            row_bytes: self.block_bytes(),
+            width: self.head_dim,
+            codes: CodeLayout::Packed {
+                at: self.params_bytes(),
+                bits: self.bits,
+            },
+            maps: MapLayout {
+                channels: group,
+                scale_at: 0,
+                stride: self.zero.param_bytes(),
+                min_at,
+                zero,
+            },
+            table: None,
+        })
+        .filter(LevelFormat::supported)
     }
 
     fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]) {

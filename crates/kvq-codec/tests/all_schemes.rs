@@ -385,22 +385,34 @@ fn group_kernels_equal_one_head_at_a_time() {
                 let mut accs = vec![vec![0f32; codec.accumulator_len()]; heads];
                 let mut a_refs: Vec<&mut [f32]> = accs.iter_mut().map(Vec::as_mut_slice).collect();
                 codec.accumulate_group(&w_refs, &bytes, &mut a_refs);
+                // The integer kernels round the query and the weights to i8 (kvq_codec::levels):
+                // their results are within the rounding bounds of the exact ones.
+                let integer = codec
+                    .level_format()
+                    .filter(|f| f.supported() && kvq_codec::levels::available());
+                let mut working = vec![0f32; rows_n * codec.working_len()];
+                codec.decode_working(&bytes, &mut working);
+                let k_row = |t: usize| &working[t * codec.working_len()..][..codec.working_len()];
                 for h in 0..heads {
                     let mut one = vec![0f32; rows_n];
                     codec.score(&prepared[h], &bytes, &mut one);
                     let scale = one.iter().map(|v| v.abs()).fold(1.0f32, f32::max);
-                    for (a, b) in grouped[h].iter().zip(&one) {
+                    for (t, (a, b)) in grouped[h].iter().zip(&one).enumerate() {
+                        let bound = integer.map_or(0.0, |f| {
+                            score_bound(&f, &prepared[h], k_row(t), &bytes[t * bb..][..bb])
+                        });
                         assert!(
-                            (a - b).abs() <= 1e-4 * scale,
+                            (a - b).abs() <= 1e-4 * scale + bound,
                             "{name} d{head_dim} {role:?} score head {h}: {a} vs {b}"
                         );
                     }
                     let mut acc = vec![0f32; codec.accumulator_len()];
                     codec.accumulate(&weights[h], &bytes, &mut acc);
                     let scale = acc.iter().map(|v| v.abs()).fold(1.0f32, f32::max);
-                    for (a, b) in accs[h].iter().zip(&acc) {
+                    for (c, (a, b)) in accs[h].iter().zip(&acc).enumerate() {
+                        let bound = integer.map_or(0.0, |f| sum_bound(&f, &weights[h], &bytes, c));
                         assert!(
-                            (a - b).abs() <= 1e-4 * scale,
+                            (a - b).abs() <= 1e-4 * scale + bound,
                             "{name} d{head_dim} {role:?} accumulate head {h}: {a} vs {b}"
                         );
                     }
@@ -408,4 +420,88 @@ fn group_kernels_equal_one_head_at_a_time() {
             }
         }
     }
+}
+
+/// Scale of the level map of channel `c` in a stored row.
+fn level_scale(format: &kvq_codec::levels::LevelFormat, row: &[u8], c: usize) -> f32 {
+    let at = format.maps.scale_at + c / format.maps.channels * format.maps.stride;
+    let unit = format.table.map_or(1.0, |t| t.unit);
+    half::f16::from_le_bytes([row[at], row[at + 1]]).to_f32() * unit
+}
+
+/// Value of the center level ([`kvq_codec::levels::LevelFormat::center`]) of channel `c` in a
+/// stored row: 0 without a minimum, `min + scale·center` with one.
+fn center_value(format: &kvq_codec::levels::LevelFormat, row: &[u8], c: usize) -> f32 {
+    match format.maps.min_at {
+        None => 0.0,
+        Some(min_at) => {
+            let at = min_at + c / format.maps.channels * format.maps.stride;
+            let min = half::f16::from_le_bytes([row[at], row[at + 1]]).to_f32();
+            min + level_scale(format, row, c) * format.center()
+        }
+    }
+}
+
+/// How far an integer-kernel score may be from the exact one: the query's rounding
+/// (`σ_g/2` per channel of group `g`, times the key's distance from its center value) and,
+/// for table levels, half a level per key channel.
+fn score_bound(
+    format: &kvq_codec::levels::LevelFormat,
+    prepared: &[f32],
+    k: &[f32],
+    row: &[u8],
+) -> f32 {
+    let group = kvq_codec::levels::GROUP;
+    let mut bound = 0.0;
+    for (g, (qs, ks)) in prepared[..format.width]
+        .chunks_exact(group)
+        .zip(k.chunks_exact(group))
+        .enumerate()
+    {
+        let sigma = qs.iter().fold(0f32, |m, q| m.max(q.abs())) / 127.0;
+        for (i, (q, k)) in qs.iter().zip(ks).enumerate() {
+            let slack = if format.table.is_some() {
+                level_scale(format, row, g * group + i).abs() / 2.0
+            } else {
+                0.0
+            };
+            let centered = k - center_value(format, row, g * group + i);
+            bound += sigma / 2.0 * (centered.abs() + slack) + q.abs() * slack;
+        }
+    }
+    1.001 * bound
+}
+
+/// How far an integer-kernel sum of channel `c` may be from the exact one: per tile of
+/// [`kvq_codec::levels::TILE_ROWS`] rows, half the weights' step times the largest distance of
+/// a level from the center per row; for table levels, half a level per row.
+fn sum_bound(
+    format: &kvq_codec::levels::LevelFormat,
+    weights: &[f32],
+    bytes: &[u8],
+    c: usize,
+) -> f32 {
+    use kvq_codec::levels::{CodeLayout, TILE_ROWS};
+    let largest_level = match (format.codes, format.table) {
+        (CodeLayout::Packed { bits, .. }, None) => format
+            .center()
+            .max(((1u32 << bits) - 1) as f32 - format.center()),
+        (CodeLayout::Q4_0, None) => 8.0,
+        _ => 128.0,
+    };
+    let rows: Vec<&[u8]> = bytes.chunks_exact(format.row_bytes).collect();
+    let mut bound = 0.0;
+    for (tile_weights, tile_rows) in weights.chunks(TILE_ROWS).zip(rows.chunks(TILE_ROWS)) {
+        let largest_w = tile_weights.iter().fold(0f32, |m, w| m.max(w.abs()));
+        let largest_a = tile_rows
+            .iter()
+            .fold(0f32, |m, r| m.max(level_scale(format, r, c).abs()));
+        bound += tile_weights.len() as f32 * largest_w * largest_a / 127.0 / 2.0 * largest_level;
+        if format.table.is_some() {
+            for (w, r) in tile_weights.iter().zip(tile_rows) {
+                bound += w.abs() * level_scale(format, r, c).abs() / 2.0;
+            }
+        }
+    }
+    1.001 * bound
 }
