@@ -227,7 +227,13 @@ fn attend_run(
     let prepared_heads: Vec<&[f32]> = heads.prepared.chunks_exact(qlen).collect();
     let scaled_heads: Vec<&[f32]> = heads.scaled.chunks_exact(d).collect();
     let mut scores: Vec<f32> = Vec::new();
-    for span in &view.spans[item.spans.clone()] {
+    let spans = &view.spans[item.spans.clone()];
+    for (i, span) in spans.iter().enumerate() {
+        // The next span's bytes load while this one is computed.
+        if let Some(next) = spans.get(i + 1) {
+            kvq_codec::simd::prefetch(next.keys(item.kv_head));
+            kvq_codec::simd::prefetch(next.values(item.kv_head));
+        }
         let Some((from, to)) = visible(span, pos, params.window) else {
             continue;
         };

@@ -593,8 +593,6 @@ mod avx512 {
                     let columns = transpose16(&rows);
                     for (a, q) in acc.iter_mut().zip(heads) {
                         let codes = q.as_ptr() as *const i32;
-                        let maps = q.as_ptr().add(w / 4);
-                        let map = |g: usize, i: usize| *maps.add(super::QUERY_MAP * g + i);
                         for part in 0..2 {
                             let g = 2 * half + part;
                             let mut dot = _mm512_setzero_si512();
@@ -604,15 +602,16 @@ mod avx512 {
                             }
                             let at = g * TILE_ROWS + block;
                             let scale = _mm512_loadu_ps(tile.scales.as_ptr().add(at));
+                            let map = q.as_ptr().add(w / 4 + super::QUERY_MAP * g);
                             let x = _mm512_fmsub_ps(
                                 _mm512_cvtepi32_ps(dot),
-                                _mm512_set1_ps(map(g, 0)),
-                                _mm512_set1_ps(center * map(g, 1)),
+                                _mm512_set1_ps(*map),
+                                _mm512_set1_ps(center * *map.add(1)),
                             );
                             *a = _mm512_fmadd_ps(x, scale, *a);
                             if has_min {
                                 let value = _mm512_loadu_ps(tile.centers.as_ptr().add(at));
-                                *a = _mm512_fmadd_ps(value, _mm512_set1_ps(map(g, 2)), *a);
+                                *a = _mm512_fmadd_ps(value, _mm512_set1_ps(*map.add(2)), *a);
                             }
                         }
                     }
