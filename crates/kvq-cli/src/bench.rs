@@ -46,12 +46,17 @@ struct AttentionArgs {
     /// Elements per head
     #[arg(long, default_value_t = 128)]
     head_dim: usize,
-    /// Timed repetitions (the median is reported)
+    /// Timed repetitions (the median is reported). On the CPU the f16 cache and every scheme
+    /// take turns within each repetition, so that slow periods of a shared machine hit all
+    /// of them alike
     #[arg(long, default_value_t = 10)]
     iters: usize,
     /// Print JSON
     #[arg(long)]
     json: bool,
+    /// Time the compressed caches with the f32 kernels instead of the 8-bit integer ones
+    #[arg(long)]
+    f32_attention: bool,
     /// Where to run: `cpu`, or `cuda` (kvq-gpu kernels; see gpu.rs)
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -194,32 +199,50 @@ fn attention(a: AttentionArgs) -> Result<()> {
         scale: 1.0 / (a.head_dim as f32).sqrt(),
         window: None,
     };
-    let time = |spec: KvSpec, ctx: usize| -> Result<(f64, usize)> {
-        let cache = synthetic_cache(spec, shape, ctx, 1)?;
-        let seq = kvq_cache::SeqId(0);
-        let view = cache.view(seq, 0)?;
-        let mut out = vec![0f32; queries.len()];
-        attend(&view, &queries, &[ctx - 1], &params, &mut out);
-        let times = (0..a.iters)
-            .map(|_| {
-                let t = Instant::now();
-                attend(&view, &queries, &[ctx - 1], &params, &mut out);
-                t.elapsed().as_secs_f64()
-            })
+    kvq_codec::levels::set_enabled(!a.f32_attention);
+    // Median times of the f16 cache and of each scheme, measured in turns.
+    let time = |ctx: usize| -> Result<Vec<(f64, usize)>> {
+        let all: Vec<KvSpec> = std::iter::once(KvSpec::parse("f16")?)
+            .chain(specs.iter().copied())
             .collect();
-        Ok((median(times), cache.allocated_bytes()))
+        let caches: Vec<KvCache> = all
+            .iter()
+            .map(|&spec| synthetic_cache(spec, shape, ctx, 1))
+            .collect::<Result<_>>()?;
+        let views: Vec<_> = caches
+            .iter()
+            .map(|c| c.view(kvq_cache::SeqId(0), 0))
+            .collect::<Result<_, _>>()?;
+        let mut out = vec![0f32; queries.len()];
+        let mut times = vec![Vec::with_capacity(a.iters); views.len()];
+        for round in 0..=a.iters {
+            for (view, t) in views.iter().zip(&mut times) {
+                let start = Instant::now();
+                attend(view, &queries, &[ctx - 1], &params, &mut out);
+                // Round 0 warms up.
+                if round > 0 {
+                    t.push(start.elapsed().as_secs_f64());
+                }
+            }
+        }
+        Ok(times
+            .into_iter()
+            .zip(&caches)
+            .map(|(t, c)| (median(t), c.allocated_bytes()))
+            .collect())
     };
     let mut rows = Vec::new();
     for &ctx in &a.ctx {
-        let (base_s, base_bytes) = time(KvSpec::parse("f16")?, ctx)?;
-        for &spec in &specs {
-            let (s, bytes) = time(spec, ctx)?;
+        let timed = time(ctx)?;
+        let (base_s, base_bytes) = timed[0];
+        for (&spec, &(s, bytes)) in specs.iter().zip(&timed[1..]) {
             rows.push(serde_json::json!({
                 "kv": spec.name(), "ctx": ctx, "q_heads": a.q_heads, "kv_heads": a.kv_heads, "head_dim": a.head_dim,
                 "ms": s * 1e3, "baseline_ms": base_s * 1e3, "speedup": base_s / s,
                 "bytes_read": bytes, "gb_per_s": bytes as f64 / s / 1e9,
                 "baseline_bytes_read": base_bytes, "baseline_gb_per_s": base_bytes as f64 / base_s / 1e9,
                 "copy_gb_per_s": copy / 1e9, "threads": rayon::current_num_threads(),
+                "kernels": if a.f32_attention || !kvq_codec::levels::available() { "f32" } else { "int8" },
             }));
         }
     }

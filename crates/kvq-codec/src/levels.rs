@@ -1,36 +1,48 @@
-//! Integer group kernels: attention's two inner loops on 8-bit levels, with AVX-512 VNNI.
+//! Integer group kernels: attention's two inner loops on small integer codes, with AVX-512
+//! VNNI.
 //!
-//! A codec whose working rows are small codes under one affine map per group of channels
-//! describes where its bytes keep them with a [`LevelFormat`] ([`crate::Codec::level_format`]). The
-//! default group kernels ([`crate::tile`]) then decode at most [`TILE_ROWS`] rows at a time
-//! into unsigned 8-bit levels, `value = scale·level + offset` with one map per [`GROUP`]
-//! channels, and compute with `vpdpbusd`: 64 products of u8 × i8 summed into 16 i32 lanes per
-//! instruction, where the float kernels do 16 FMAs.
+//! A codec whose working rows are 2- to 4-bit codes under one affine map per group of channels
+//! describes where its bytes keep them with a [`LevelFormat`] ([`crate::Codec::level_format`]).
+//! The default group kernels ([`crate::tile`]) then compute on the codes with `vpdpbusd`:
+//! 64 products of u8 levels × i8 values summed into 16 i32 lanes per instruction, where the
+//! float kernels do 16 FMAs. A level is the code or its entry in an i8 table, and
+//! `value = scale·level + offset` with one map per [`GROUP`] channels.
 //!
-//! * Scores: the prepared query carries an i8 copy of itself, one scale per 32 channels
-//!   ([`quantize_query`], as llama.cpp's q8_0 activations). Sixteen rows are transposed so that
-//!   each 32-bit lane holds one row, and each instruction adds 4 channels of 16 rows.
-//! * Sums: per tile, head and 32 channels, the weights times the rows' scales are rounded to
-//!   i8 against their largest magnitude. Four rows are interleaved byte-wise so that each lane
-//!   holds one channel of 4 rows; the offsets' share is summed in f32.
+//! A row's codes are read as one *code stream* ([`LevelFormat::stream_channel`] says which
+//! channel each position holds): the packed codes, or q4_0's nibbles with its scales skipped.
 //!
-//! Both roundings are to nearest: a score differs from the float kernels' by at most
-//! `Σ_g σ_g/2·Σ_{c∈g} |k_c|` (`σ_g` the query's scale of group `g`), one head's sum of channel
-//! `c` by at most `τ/2·Σ_t level_tc` per tile (`τ` the weights' scale). A codec whose levels
-//! come from a table of reals (TurboQuant's centroids) uses the nearest i8 table
-//! ([`LevelTable::nearest`]): each value moves by at most half a table unit times its scale.
+//! * Scores: the prepared query carries an i8 copy of itself in stream order, one scale per
+//!   32 channels ([`quantize_query`], as llama.cpp's q8_0 activations). The code streams of 16
+//!   rows are transposed as 32-bit words, straight from the cache, so that each lane holds one
+//!   row; every 4 codes are then cut out with per-byte bit shifts (`vpmultishiftqb`), and each
+//!   instruction adds 4 channels of 16 rows.
+//! * Sums: per tile of [`TILE_ROWS`] rows, head and group, the weights times the rows' scales
+//!   are rounded to i8 against their largest magnitude. Four rows are interleaved byte-wise so
+//!   that each lane holds one channel of 4 rows: 4-bit streams straight from the cache (both
+//!   nibbles of a byte at once), narrower codes after decoding to bytes.
 //!
-//! The kernels need AVX-512 F/BW/DQ/VNNI/VBMI ([`available`]); elsewhere, and after
+//! Both roundings are to nearest, and both sides are centered on the format's middle level
+//! ([`LevelFormat::center`]): a score differs from the float kernels' by at most
+//! `Σ_c σ_g/2·scale·|level_c − center|` (`σ_g` the query's scale of the channel's group), one
+//! head's sum of a channel by at most `step/2·Σ_t |level_t − center|` per tile (`step` the
+//! weights' scale). A codec whose levels come from a table of reals (TurboQuant's centroids)
+//! uses the nearest i8 table ([`LevelTable::nearest`]): each value moves by at most half a
+//! table unit times its scale.
+//!
+//! The kernels need AVX-512 F/BW/DQ/VNNI/VBMI/VBMI2 ([`available`]); elsewhere, and after
 //! [`set_enabled`]`(false)`, the float kernels run.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Rows decoded per tile.
+/// Rows per tile: the weights of a tile share one rounding step per head and group.
 pub const TILE_ROWS: usize = 64;
 
-/// Channels that share one query scale, one level map and one weight scale.
+/// Channels that share one query scale, one level map and one weight step.
 pub const GROUP: usize = 32;
+
+/// Map words kept per row: the scales and minimums of every map must fit.
+pub const MAP_WORDS: usize = 8;
 
 /// Where a row keeps its codes.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -104,6 +116,25 @@ pub struct LevelFormat {
 }
 
 impl LevelFormat {
+    /// Bits per code.
+    pub fn code_bits(&self) -> u32 {
+        match self.codes {
+            CodeLayout::Packed { bits, .. } => bits,
+            CodeLayout::Q4_0 => 4,
+        }
+    }
+
+    /// The channel that position `i` of a row's code stream holds. Packed codes are in
+    /// channel order; q4_0's stream is its nibble bytes, low nibble first, so that position
+    /// `i` of block `b` holds channel `32b + (i mod 32)/2 + 16·(i mod 2)`. Every 32 positions
+    /// hold one group of channels.
+    pub fn stream_channel(&self, i: usize) -> usize {
+        match self.codes {
+            CodeLayout::Packed { .. } => i,
+            CodeLayout::Q4_0 => 32 * (i / 32) + (i % 32) / 2 + 16 * (i % 2),
+        }
+    }
+
     /// The level the kernels center on: the zero level where there is no minimum, the middle
     /// code otherwise. Rounding errors are then proportional to `level − center`.
     pub fn center(&self) -> f32 {
@@ -148,8 +179,8 @@ pub fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
 }
 
-/// Whether the integer kernels run: the CPU has AVX-512 F/BW/DQ/VNNI/VBMI, they are enabled,
-/// and [`crate::simd::force_scalar`] is not in effect.
+/// Whether the integer kernels run: the CPU has AVX-512 F/BW/DQ/VNNI/VBMI/VBMI2, they are
+/// enabled, and [`crate::simd::force_scalar`] is not in effect.
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -161,6 +192,7 @@ pub fn available() -> bool {
                 std::is_x86_feature_detected!("avx512bw")
                     && std::is_x86_feature_detected!("avx512vnni")
                     && std::is_x86_feature_detected!("avx512vbmi")
+                    && std::is_x86_feature_detected!("avx512vbmi2")
             })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -175,12 +207,12 @@ pub fn query_slots(width: usize) -> usize {
 /// Slots per group after the codes: `σ_g`, `σ_g·Σ codes`, `Σ q` (exact).
 const QUERY_MAP: usize = 3;
 
-/// Writes the i8 form of `query` (`width` values, a multiple of [`GROUP`]) into `out`
-/// ([`query_slots`] long): the codes, four to a slot, then for each group its scale `σ_g`
-/// (largest magnitude / 127), `σ_g·Σ codes` and the exact `Σ q`.
-pub fn quantize_query(query: &[f32], out: &mut [f32]) {
+/// Writes the i8 form of `query` (the format's `width` values, in channel order) into `out`
+/// ([`query_slots`] long): the codes in the format's stream order, four to a slot, then for
+/// each group its scale `σ_g` (largest magnitude / 127), `σ_g·Σ codes` and the exact `Σ q`.
+pub fn quantize_query(format: &LevelFormat, query: &[f32], out: &mut [f32]) {
     let width = query.len();
-    assert!(width.is_multiple_of(GROUP) && out.len() == query_slots(width));
+    assert!(width == format.width && out.len() == query_slots(width));
     let (codes, maps) = out.split_at_mut(width / 4);
     let mut bytes = vec![0u8; width];
     for (g, (xs, bs)) in query
@@ -192,7 +224,8 @@ pub fn quantize_query(query: &[f32], out: &mut [f32]) {
         let scale = largest / 127.0;
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
         let mut sum = 0i32;
-        for (b, x) in bs.iter_mut().zip(xs) {
+        for (i, b) in bs.iter_mut().enumerate() {
+            let x = query[format.stream_channel(g * GROUP + i)];
             let code = (x * inv).round().clamp(-127.0, 127.0) as i8;
             sum += i32::from(code);
             *b = code as u8;
@@ -210,70 +243,68 @@ pub fn quantize_query(query: &[f32], out: &mut [f32]) {
 /// [`query_slots`]: the last step of a level codec's [`crate::Codec::prepare_query`].
 pub fn finish_query(format: &LevelFormat, prepared: &mut [f32]) {
     let (head, tail) = prepared.split_at_mut(prepared.len() - query_slots(format.width));
-    quantize_query(&head[..format.width], tail);
+    quantize_query(format, &head[..format.width], tail);
 }
 
-/// Decoded levels of a tile and their maps.
+/// A tile's maps (and, for the sums of 2- and 3-bit codes, its levels).
 #[derive(Default)]
 struct Tile {
-    /// `TILE_ROWS × width` levels, row-major.
+    /// `TILE_ROWS × width` levels, row-major (2- and 3-bit sums only).
     levels: Vec<u8>,
     /// Scale of group `g` of row `r` at `g·TILE_ROWS + r`.
     scales: Vec<f32>,
     /// Value of the center level ([`LevelFormat::center`]) of group `g` of row `r` at
-    /// `g·TILE_ROWS + r` (formats with a minimum only; 0 for the others).
+    /// `g·TILE_ROWS + r` (formats with a minimum only).
     centers: Vec<f32>,
     /// Each row's map words (f16 scales, then minimums), [`MAP_WORDS`] per row.
     map_words: Vec<u16>,
     /// Rounded weights of the sums, `[head of a pass][group][TILE_ROWS]`.
     weights: Vec<i8>,
-    /// Per head and group, 16 lanes of `Σ_t w_t·offset_t`, reduced once per call.
-    offset_sums: Vec<f32>,
 }
 
-/// Map words kept per row: the scales and minimums of every map must fit.
-pub const MAP_WORDS: usize = 8;
-
-impl Tile {
-    fn fit(&mut self, width: usize, heads: usize) {
-        let groups = width / GROUP;
-        self.levels.resize(TILE_ROWS * width, 0);
-        self.scales.resize(groups * TILE_ROWS, 0.0);
-        self.centers.resize(groups * TILE_ROWS, 0.0);
-        self.map_words.resize(TILE_ROWS * MAP_WORDS, 0);
-        self.weights.resize(4 * groups * TILE_ROWS, 0);
-        self.offset_sums.clear();
-        self.offset_sums.resize(heads * groups * 16, 0.0);
-    }
+/// A thread's tile and the decoder of the last format it read.
+#[derive(Default)]
+struct Scratch {
+    tile: Tile,
+    #[cfg(target_arch = "x86_64")]
+    decoder: Option<avx512::Decoder>,
 }
 
 thread_local! {
-    static TILE: RefCell<Tile> = RefCell::new(Tile::default());
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-/// Calls `f(first_row, rows, tile)` for consecutive tiles of `blocks` decoded to levels.
+/// Calls `f(first_row, rows, tile, decoder)` for consecutive tiles of `blocks` (whole rows),
+/// after decoding each tile's maps, and its levels when `levels` is set.
+#[cfg(target_arch = "x86_64")]
 fn for_each_tile(
     format: &LevelFormat,
-    heads: usize,
     blocks: &[u8],
-    mut f: impl FnMut(usize, usize, &mut Tile),
+    levels: bool,
+    mut f: impl FnMut(usize, &[u8], &mut Tile, &avx512::Decoder),
 ) {
     assert!(available() && format.supported());
-    TILE.with(|tile| {
-        let mut tile = tile.borrow_mut();
-        tile.fit(format.width, heads);
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `available` checked the CPU.
-        let decoder = unsafe { avx512::Decoder::new(format) };
-        for (i, chunk) in blocks.chunks(TILE_ROWS * format.row_bytes).enumerate() {
-            let rows = chunk.len() / format.row_bytes;
+    SCRATCH.with(|scratch| {
+        let Scratch { tile, decoder } = &mut *scratch.borrow_mut();
+        let groups = format.width / GROUP;
+        tile.scales.resize(groups * TILE_ROWS, 0.0);
+        tile.centers.resize(groups * TILE_ROWS, 0.0);
+        tile.map_words.resize(TILE_ROWS * MAP_WORDS, 0);
+        tile.weights
+            .resize(avx512::SUM_HEADS * groups * TILE_ROWS, 0);
+        if levels {
+            tile.levels.resize(TILE_ROWS * format.width, 0);
+        }
+        if decoder.as_ref().map(avx512::Decoder::format) != Some(format) {
+            // SAFETY: `available` checked the CPU.
+            *decoder = Some(unsafe { avx512::Decoder::new(format) });
+        }
+        let decoder = decoder.as_ref().expect("set above");
+        for (i, rows) in blocks.chunks(TILE_ROWS * format.row_bytes).enumerate() {
             // SAFETY: the format is supported, so every row holds its codes and maps, and the
             // tile is sized for the width.
-            #[cfg(target_arch = "x86_64")]
-            unsafe {
-                decoder.decode(chunk, rows, &mut tile)
-            };
-            f(i * TILE_ROWS, rows, &mut tile);
+            unsafe { decoder.decode(rows, levels, tile) };
+            f(i * TILE_ROWS, rows, tile, decoder);
         }
     });
 }
@@ -288,12 +319,10 @@ pub fn score_group(
 ) {
     let slots = query_slots(format.width);
     let quantized: Vec<&[f32]> = queries.iter().map(|q| &q[q.len() - slots..]).collect();
-    for_each_tile(format, 0, blocks, |first, rows, tile| {
+    #[cfg(target_arch = "x86_64")]
+    for_each_tile(format, blocks, false, |first, rows, tile, decoder| {
         // SAFETY: as in `for_each_tile`; each score row holds the tile's rows.
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            avx512::score_tile(tile, format, rows, &quantized, scores, first)
-        };
+        unsafe { avx512::score_tile(tile, decoder, rows, &quantized, scores, first) };
     });
 }
 
@@ -304,40 +333,39 @@ pub fn accumulate_group(
     blocks: &[u8],
     accs: &mut [&mut [f32]],
 ) {
-    let groups = format.width / GROUP;
-    for_each_tile(format, weights.len(), blocks, |first, rows, tile| {
-        // SAFETY: as in `for_each_tile`; each weight row holds the tile's rows and each
-        // accumulator `width` values.
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            avx512::accumulate_tile(tile, format, first, rows, weights, accs)
-        };
-    });
-    TILE.with(|tile| {
-        let tile = tile.borrow();
-        for (acc, sums) in accs
-            .iter_mut()
-            .zip(tile.offset_sums.chunks_exact(groups * 16))
-        {
-            for (a, lanes) in acc[..format.width]
-                .chunks_exact_mut(GROUP)
-                .zip(sums.chunks_exact(16))
-            {
-                let offset: f32 = lanes.iter().sum();
-                a.iter_mut().for_each(|x| *x += offset);
-            }
-        }
-    });
+    #[cfg(target_arch = "x86_64")]
+    for_each_tile(
+        format,
+        blocks,
+        format.code_bits() != 4,
+        |first, rows, tile, decoder| {
+            // SAFETY: as in `for_each_tile`; each weight row holds the tile's rows and each
+            // accumulator `width` values.
+            unsafe { avx512::accumulate_tile(tile, decoder, rows, first, weights, accs) };
+        },
+    );
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{CodeLayout, LevelFormat, Tile, GROUP, MAP_WORDS, TILE_ROWS};
+    use super::{CodeLayout, LevelFormat, Tile, GROUP, MAP_WORDS, QUERY_MAP, TILE_ROWS};
     use std::arch::x86_64::*;
+
+    /// Heads whose sums one pass keeps in registers.
+    pub const SUM_HEADS: usize = 4;
+
+    /// Heads whose scores one pass keeps in registers.
+    const SCORE_HEADS: usize = 4;
+
+    /// Most groups a row may have (`width ≤ 512`).
+    const MAX_GROUPS: usize = 16;
+
+    /// Vectors of 16 rows in a tile.
+    const VECTORS: usize = TILE_ROWS / 16;
 
     /// A 64-byte constant as a vector.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     unsafe fn bytes(b: [u8; 64]) -> __m512i {
         _mm512_loadu_si512(b.as_ptr() as *const _)
     }
@@ -360,22 +388,32 @@ mod avx512 {
         }
     }
 
-    /// Decodes rows of one [`LevelFormat`] into tiles. Codes: a byte permutation that puts
-    /// the bytes of codes `8k..8k+8` in qword `k`, per-byte bit shifts (`vpmultishiftqb`), a
-    /// mask, and the table (`vpshufb`). Maps: a byte permutation of
-    /// the row's first 128 bytes gathers its f16 words, regrouped per 16 rows.
+    /// Reads one format's rows: code streams of 128 channels (two masked loads, and for q4_0
+    /// a byte permutation that drops the scales),
+    /// byte levels for 2- and 3-bit sums (a byte permutation that puts the bytes of codes
+    /// `8k..8k+8` in qword `k`, per-byte bit shifts, a mask), and the maps (gathered per 16
+    /// rows, or collected per row by a byte permutation of its first 128 bytes and regrouped).
     pub struct Decoder {
         format: LevelFormat,
+        /// Byte of chunk 0's stream source, and bytes from one chunk's source to the next.
+        stream_at: usize,
+        stream_step: usize,
+        /// Masks of the two 64-byte loads of a 128-channel chunk, and of a 64-channel tail.
+        stream_load: [__mmask64; 2],
+        tail_load: [__mmask64; 2],
+        /// q4_0: the permutation of the two loads that leaves the nibble bytes.
+        compact: Option<__m512i>,
+        code_mask: __m512i,
+        table: Option<__m512i>,
         permute: __m512i,
         shifts: __m512i,
-        mask: __m512i,
-        /// Source bytes per 64 codes, and the mask that loads exactly them.
+        /// Source bytes of 64 codes, and the mask that loads exactly them.
         chunk_bytes: usize,
         chunk_load: __mmask64,
-        /// First code byte.
-        codes_at: usize,
-        table: Option<__m512i>,
-        /// Byte permutation (over the row's bytes 0..128) that gathers the map words.
+        /// Whether the maps are gathered per 16 rows (at most two f16 words per row) rather
+        /// than collected per row and regrouped (measured faster from three words on).
+        gather: bool,
+        /// Byte permutation (over the row's bytes 0..128) that collects the map words.
         words: __m512i,
         row_lo: __mmask64,
         row_hi: __mmask64,
@@ -383,39 +421,26 @@ mod avx512 {
     }
 
     impl Decoder {
-        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi")]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
         pub unsafe fn new(format: &LevelFormat) -> Self {
-            let (permute, shifts, bits, chunk_bytes, codes_at): (
-                [u8; 64],
-                [u8; 64],
-                u32,
-                usize,
-                usize,
-            ) = match format.codes {
-                // Qword k holds the `bits` bytes of codes 8k..8k+8; code m sits at bit m·bits.
-                CodeLayout::Packed { at, bits } => {
-                    let b = bits as usize;
-                    (
-                        std::array::from_fn(|j| ((j / 8) * b + (j % 8).min(b - 1)) as u8),
-                        std::array::from_fn(|j| ((j % 8) * b) as u8),
-                        bits,
-                        8 * b,
-                        at,
-                    )
-                }
-                // Two blocks of 18 bytes; qwords 0..4 are block 0's channels 0–7, 8–15
-                // (low nibbles of bytes 2–9, 10–17) and 16–23, 24–31 (their high nibbles).
+            let b = format.code_bits() as usize;
+            let (stream_at, stream_step, stream_load, tail_load, compact) = match format.codes {
+                CodeLayout::Packed { at, .. } => (
+                    at,
+                    16 * b,
+                    [first_bytes(16 * b), 0],
+                    [first_bytes(8 * b), 0],
+                    None,
+                ),
+                // Four blocks of 18 bytes; stream byte j is byte 2 + j mod 16 of block j/16.
                 CodeLayout::Q4_0 => (
-                    std::array::from_fn(|j| {
-                        let k = j / 8;
-                        (18 * (k / 4) + 2 + 8 * (k % 2) + j % 8) as u8
-                    }),
-                    std::array::from_fn(|j| {
-                        (8 * (j % 8) + if (j / 16) % 2 == 1 { 4 } else { 0 }) as u8
-                    }),
-                    4,
-                    36,
                     0,
+                    72,
+                    [!0, first_bytes(8)],
+                    [first_bytes(36), 0],
+                    Some(bytes(std::array::from_fn(|j| {
+                        (18 * (j / 16) + 2 + j % 16) as u8
+                    }))),
                 ),
             };
             let m = format.maps;
@@ -431,16 +456,24 @@ mod avx512 {
             });
             Self {
                 format: *format,
-                permute: bytes(permute),
-                shifts: bytes(shifts),
-                mask: _mm512_set1_epi8(((1u32 << bits) - 1) as u8 as i8),
-                chunk_bytes,
-                chunk_load: first_bytes(chunk_bytes),
-                codes_at,
+                stream_at,
+                stream_step,
+                stream_load,
+                tail_load,
+                compact,
+                code_mask: _mm512_set1_epi8(((1u32 << b) - 1) as i8),
                 table: format.table.map(|t| {
                     let biased: [u8; 16] = std::array::from_fn(|i| (t.levels[i] as u8) ^ 0x80);
                     _mm512_broadcast_i32x4(_mm_loadu_si128(biased.as_ptr() as *const _))
                 }),
+                // Qword k holds the `b` bytes of codes 8k..8k+8; code m sits at bit m·b.
+                permute: bytes(std::array::from_fn(|j| {
+                    ((j / 8) * b + (j % 8).min(b - 1)) as u8
+                })),
+                shifts: bytes(std::array::from_fn(|j| ((j % 8) * b) as u8)),
+                chunk_bytes: 8 * b,
+                chunk_load: first_bytes(8 * b),
+                gather: maps * (1 + usize::from(m.min_at.is_some())) <= 2,
                 words: bytes(words),
                 row_lo: first_bytes(format.row_bytes),
                 row_hi: first_bytes(format.row_bytes.saturating_sub(64)),
@@ -448,44 +481,171 @@ mod avx512 {
             }
         }
 
-        /// Decodes the `n ≤ TILE_ROWS` rows of `rows` into `tile`.
-        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,f16c")]
-        pub unsafe fn decode(&self, rows: &[u8], n: usize, tile: &mut Tile) {
+        /// The format this decoder reads.
+        pub fn format(&self) -> &LevelFormat {
+            &self.format
+        }
+
+        /// Whether chunk `c` is a 64-channel tail.
+        fn is_tail(&self, c: usize) -> bool {
+            self.format.width - 128 * c < 128
+        }
+
+        /// The code stream of 128-channel chunk `c` of the row at `row` (64 channels for a
+        /// tail; the bytes past the stream are zero).
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn stream(&self, row: *const u8, c: usize) -> __m512i {
+            let p = row.add(self.stream_at + c * self.stream_step);
+            let [m0, m1] = if self.is_tail(c) {
+                self.tail_load
+            } else {
+                self.stream_load
+            };
+            let lo = _mm512_maskz_loadu_epi8(m0, p as *const i8);
+            match self.compact {
+                None => lo,
+                Some(idx) => {
+                    let hi = _mm512_maskz_loadu_epi8(m1, p.wrapping_add(64) as *const i8);
+                    _mm512_permutex2var_epi8(lo, idx, hi)
+                }
+            }
+        }
+
+        /// Levels of the 32 codes of group `g` of 16 transposed `B`-bit streams (dwords
+        /// `B·g..B·(g+1)`), 4 codes per vector, one row per 32-bit lane: each 4 codes are cut
+        /// out of their dword (or of it and the next, joined, where they cross) with per-byte
+        /// bit shifts.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn cut_group<const B: usize>(
+            &self,
+            words: &[__m512i; 16],
+            g: usize,
+        ) -> [__m512i; 8] {
+            let mut out = [_mm512_setzero_si512(); 8];
+            for (k, o) in out.iter_mut().enumerate() {
+                let offset = 4 * B * k;
+                let (word, within) = (B * g + offset / 32, offset % 32);
+                // Selectors of codes 0..4 of the low row and of the high row of each qword.
+                let control = |base: usize| {
+                    (0..8).fold(0i64, |c, j| {
+                        c | (((base + (j % 4) * B + 32 * (j / 4)) as i64) << (8 * j))
+                    })
+                };
+                let codes = if within + 4 * B > 32 {
+                    let joined = _mm512_shrdv_epi32(
+                        words[word],
+                        words[word + 1],
+                        _mm512_set1_epi32(within as i32),
+                    );
+                    _mm512_multishift_epi64_epi8(_mm512_set1_epi64(control(0)), joined)
+                } else {
+                    _mm512_multishift_epi64_epi8(_mm512_set1_epi64(control(within)), words[word])
+                };
+                *o = self.level(_mm512_and_si512(codes, self.code_mask));
+            }
+            out
+        }
+
+        /// The levels of codes: themselves, or their table entries plus 128.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn level(&self, codes: __m512i) -> __m512i {
+            match self.table {
+                Some(t) => _mm512_shuffle_epi8(t, codes),
+                None => codes,
+            }
+        }
+
+        /// Decodes the maps of `rows` (at most `TILE_ROWS`) into `tile`, and their byte levels
+        /// when `levels` is set (packed codes only).
+        #[target_feature(
+            enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2,f16c"
+        )]
+        pub unsafe fn decode(&self, rows: &[u8], levels: bool, tile: &mut Tile) {
             let (w, rb) = (self.format.width, self.format.row_bytes);
-            assert!(n <= TILE_ROWS && rows.len() >= n * rb && tile.levels.len() >= n * w);
-            assert!(tile.map_words.len() >= TILE_ROWS * MAP_WORDS);
-            let levels = tile.levels.as_mut_ptr();
+            let n = rows.len() / rb;
+            assert!(n <= TILE_ROWS && tile.map_words.len() >= TILE_ROWS * MAP_WORDS);
+            assert!(!levels || tile.levels.len() >= n * w);
             let words = tile.map_words.as_mut_ptr();
             for r in 0..n {
                 let row = rows.as_ptr().add(r * rb);
-                let out = levels.add(r * w);
-                for c in 0..w / 64 {
-                    let p = row.add(self.codes_at + c * self.chunk_bytes);
-                    let src = _mm512_maskz_loadu_epi8(self.chunk_load, p as *const i8);
-                    let placed = _mm512_permutexvar_epi8(self.permute, src);
-                    let mut v = _mm512_and_si512(
-                        _mm512_multishift_epi64_epi8(self.shifts, placed),
-                        self.mask,
-                    );
-                    if let Some(t) = self.table {
-                        v = _mm512_shuffle_epi8(t, v);
+                if let (true, CodeLayout::Packed { at, .. }) = (levels, self.format.codes) {
+                    let out = tile.levels.as_mut_ptr().add(r * w);
+                    for c in 0..w / 64 {
+                        let p = row.add(at + c * self.chunk_bytes);
+                        let src = _mm512_maskz_loadu_epi8(self.chunk_load, p as *const i8);
+                        let placed = _mm512_permutexvar_epi8(self.permute, src);
+                        let codes = _mm512_and_si512(
+                            _mm512_multishift_epi64_epi8(self.shifts, placed),
+                            self.code_mask,
+                        );
+                        _mm512_storeu_si512(out.add(64 * c) as *mut _, self.level(codes));
                     }
-                    _mm512_storeu_si512(out.add(64 * c) as *mut _, v);
                 }
-                let lo = _mm512_maskz_loadu_epi8(self.row_lo, row as *const i8);
-                let hi = _mm512_maskz_loadu_epi8(self.row_hi, row.wrapping_add(64) as *const i8);
-                let record = _mm512_permutex2var_epi8(lo, self.words, hi);
-                _mm_storeu_si128(
-                    words.add(r * MAP_WORDS) as *mut _,
-                    _mm512_castsi512_si128(record),
-                );
+                if !self.gather {
+                    let lo = _mm512_maskz_loadu_epi8(self.row_lo, row as *const i8);
+                    let hi =
+                        _mm512_maskz_loadu_epi8(self.row_hi, row.wrapping_add(64) as *const i8);
+                    let record = _mm512_permutex2var_epi8(lo, self.words, hi);
+                    _mm_storeu_si128(
+                        words.add(r * MAP_WORDS) as *mut _,
+                        _mm512_castsi512_si128(record),
+                    );
+                }
             }
-            self.regroup_maps(n, tile);
+            if self.gather {
+                self.gather_maps(rows, n, tile);
+            } else {
+                self.regroup_maps(n, tile);
+            }
+        }
+
+        /// Gathers the rows' maps into per-group vectors of scales and center values.
+        #[inline]
+        #[target_feature(
+            enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2,f16c"
+        )]
+        unsafe fn gather_maps(&self, rows: &[u8], n: usize, tile: &mut Tile) {
+            let m = self.format.maps;
+            let rb = self.format.row_bytes;
+            let unit = _mm512_set1_ps(self.format.table.map_or(1.0, |t| t.unit));
+            let center = _mm512_set1_ps(self.format.center());
+            let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            for block in (0..n).step_by(16) {
+                let mask = first_lanes(n - block);
+                let offsets = _mm512_mullo_epi32(
+                    _mm512_add_epi32(lane, _mm512_set1_epi32(block as i32)),
+                    _mm512_set1_epi32(rb as i32),
+                );
+                for map in 0..self.maps {
+                    let scale = _mm512_mul_ps(
+                        gather_f16(rows.as_ptr(), offsets, m.scale_at + map * m.stride, mask),
+                        unit,
+                    );
+                    let center_value = match m.min_at {
+                        Some(at) => _mm512_fmadd_ps(
+                            scale,
+                            center,
+                            gather_f16(rows.as_ptr(), offsets, at + map * m.stride, mask),
+                        ),
+                        None => _mm512_setzero_ps(),
+                    };
+                    for g in map * m.channels / GROUP..(map + 1) * m.channels / GROUP {
+                        let at = g * TILE_ROWS + block;
+                        _mm512_storeu_ps(tile.scales.as_mut_ptr().add(at), scale);
+                        _mm512_storeu_ps(tile.centers.as_mut_ptr().add(at), center_value);
+                    }
+                }
+            }
         }
 
         /// Turns the rows' map words into per-group vectors of scales and center values.
         #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,f16c")]
+        #[target_feature(
+            enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2,f16c"
+        )]
         unsafe fn regroup_maps(&self, n: usize, tile: &mut Tile) {
             let m = self.format.maps;
             let unit = _mm512_set1_ps(self.format.table.map_or(1.0, |t| t.unit));
@@ -515,9 +675,30 @@ mod avx512 {
         }
     }
 
-    /// Word `k` of 16 rows' map records (rows 0..4 in `z[0]`, 4..8 in `z[1]`, ...), as f32.
+    /// 16 f16 values at `offsets[i] + at` bytes from `base`, as f32 (0 in lanes off `mask`).
+    /// Reads the 4 bytes that end with the value (or start with it when `at < 2`), so no
+    /// byte outside a row of at least 4 bytes is touched.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,f16c")]
+    unsafe fn gather_f16(base: *const u8, offsets: __m512i, at: usize, mask: __mmask16) -> __m512 {
+        let from = at.saturating_sub(2);
+        let words = _mm512_mask_i32gather_epi32::<1>(
+            _mm512_setzero_si512(),
+            mask,
+            offsets,
+            base.add(from) as *const i32,
+        );
+        let values = if at >= 2 {
+            _mm512_srli_epi32::<16>(words)
+        } else {
+            words
+        };
+        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(values))
+    }
+
+    /// Word `k` of 16 rows' map records (rows 0..4 in `z[0]`, 4..8 in `z[1]`, ...), as f32.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2,f16c")]
     unsafe fn map_word(z: &[__m512i; 4], k: usize) -> __m512 {
         let idx: [u16; 32] = std::array::from_fn(|i| ((i % 8) * MAP_WORDS + k) as u16);
         let idx = _mm512_loadu_si512(idx.as_ptr() as *const _);
@@ -532,7 +713,7 @@ mod avx512 {
 
     /// Transposes 16 rows of 16 i32 lanes: lane `r` of output `j` is lane `j` of input `r`.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     unsafe fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
         // Within each 128-bit lane, 4×4 blocks of rows 4i..4i+4.
         let mut u = [_mm512_setzero_si512(); 16];
@@ -561,75 +742,110 @@ mod avx512 {
         out
     }
 
-    /// Heads whose accumulators a score pass keeps in registers.
-    const SCORE_HEADS: usize = 8;
-
-    /// Scores of the tile's `n` rows for every query, into `scores[h][first..first + n]`:
-    /// per group, `scale·σ·(Σ codes·levels − center·Σ codes) + center_value·Σ q`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi")]
+    /// Scores of the tile's rows for every query, into `scores[h][first..]`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     pub unsafe fn score_tile(
         tile: &Tile,
-        format: &LevelFormat,
-        n: usize,
+        decoder: &Decoder,
+        rows: &[u8],
         queries: &[&[f32]],
         scores: &mut [&mut [f32]],
         first: usize,
     ) {
-        let w = format.width;
-        let center = format.center();
-        let has_min = format.maps.min_at.is_some();
-        assert!(queries.iter().all(|q| q.len() == super::query_slots(w)));
+        let n = rows.len() / decoder.format.row_bytes;
+        assert!(queries
+            .iter()
+            .all(|q| q.len() == super::query_slots(decoder.format.width)));
         assert!(scores.iter().all(|s| s.len() >= first + n) && n <= TILE_ROWS);
         for h0 in (0..queries.len()).step_by(SCORE_HEADS) {
-            let heads = &queries[h0..queries.len().min(h0 + SCORE_HEADS)];
-            for block in (0..n).step_by(16) {
-                let mut acc = [_mm512_setzero_ps(); SCORE_HEADS];
-                for half in 0..w / 64 {
-                    let mut rows = [_mm512_setzero_si512(); 16];
-                    for (r, row) in rows.iter_mut().enumerate() {
-                        let p = tile.levels.as_ptr().add((block + r) * w + 64 * half);
-                        *row = _mm512_loadu_si512(p as *const _);
-                    }
-                    let columns = transpose16(&rows);
-                    for (a, q) in acc.iter_mut().zip(heads) {
-                        let codes = q.as_ptr() as *const i32;
-                        for part in 0..2 {
-                            let g = 2 * half + part;
-                            let mut dot = _mm512_setzero_si512();
-                            for j in 0..8 {
-                                let qj = _mm512_set1_epi32(*codes.add(8 * g + j));
-                                dot = _mm512_dpbusd_epi32(dot, columns[8 * part + j], qj);
-                            }
-                            let at = g * TILE_ROWS + block;
-                            let scale = _mm512_loadu_ps(tile.scales.as_ptr().add(at));
-                            let map = q.as_ptr().add(w / 4 + super::QUERY_MAP * g);
-                            let x = _mm512_fmsub_ps(
-                                _mm512_cvtepi32_ps(dot),
-                                _mm512_set1_ps(*map),
-                                _mm512_set1_ps(center * *map.add(1)),
-                            );
-                            *a = _mm512_fmadd_ps(x, scale, *a);
-                            if has_min {
-                                let value = _mm512_loadu_ps(tile.centers.as_ptr().add(at));
-                                *a = _mm512_fmadd_ps(value, _mm512_set1_ps(*map.add(2)), *a);
-                            }
-                        }
-                    }
-                }
-                let mask = first_lanes(n - block);
-                for (h, a) in acc.iter().enumerate().take(heads.len()) {
-                    let out = scores[h0 + h].as_mut_ptr().add(first + block);
-                    _mm512_mask_storeu_ps(out, mask, *a);
-                }
+            let h1 = queries.len().min(h0 + SCORE_HEADS);
+            let (q, s) = (&queries[h0..h1], &mut scores[h0..h1]);
+            match (q.len(), decoder.format.code_bits()) {
+                (1, 2) => score_heads::<1, 2>(tile, decoder, rows, q, s, first),
+                (2, 2) => score_heads::<2, 2>(tile, decoder, rows, q, s, first),
+                (3, 2) => score_heads::<3, 2>(tile, decoder, rows, q, s, first),
+                (_, 2) => score_heads::<4, 2>(tile, decoder, rows, q, s, first),
+                (1, 3) => score_heads::<1, 3>(tile, decoder, rows, q, s, first),
+                (2, 3) => score_heads::<2, 3>(tile, decoder, rows, q, s, first),
+                (3, 3) => score_heads::<3, 3>(tile, decoder, rows, q, s, first),
+                (_, 3) => score_heads::<4, 3>(tile, decoder, rows, q, s, first),
+                (1, _) => score_heads::<1, 4>(tile, decoder, rows, q, s, first),
+                (2, _) => score_heads::<2, 4>(tile, decoder, rows, q, s, first),
+                (3, _) => score_heads::<3, 4>(tile, decoder, rows, q, s, first),
+                _ => score_heads::<4, 4>(tile, decoder, rows, q, s, first),
             }
         }
     }
 
-    /// The byte permutation that interleaves two rows' channels in pairs so that the 16-bit
-    /// unpacks of two such pairs give 16 consecutive channels of 4 rows: in 128-bit lane `L`,
-    /// words 0–3 are channels `base + 4L..`, words 4–7 channels `base + 16 + 4L..`.
+    /// [`score_tile`] for `H` queries and `B`-bit codes: per 16 rows, the code streams are
+    /// transposed, cut 4 codes at a time and dotted with each query; per group,
+    /// `scale·σ·(Σ codes·levels − center·Σ codes) + center_value·Σ q`.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+    unsafe fn score_heads<const H: usize, const B: usize>(
+        tile: &Tile,
+        decoder: &Decoder,
+        rows: &[u8],
+        queries: &[&[f32]],
+        scores: &mut [&mut [f32]],
+        first: usize,
+    ) {
+        let format = &decoder.format;
+        let (w, rb) = (format.width, format.row_bytes);
+        let n = rows.len() / rb;
+        let center = format.center();
+        let has_min = format.maps.min_at.is_some();
+        let q: [*const f32; H] = std::array::from_fn(|h| queries[h].as_ptr());
+        for block in (0..n).step_by(16) {
+            let mut acc = [_mm512_setzero_ps(); H];
+            for c in 0..w.div_ceil(128) {
+                let mut streams = [_mm512_setzero_si512(); 16];
+                for (r, s) in streams.iter_mut().enumerate() {
+                    // Rows past the tile repeat its last row; their scores are not stored.
+                    let row = rows.as_ptr().add((block + r).min(n - 1) * rb);
+                    *s = decoder.stream(row, c);
+                }
+                let words = transpose16(&streams);
+                let groups = if decoder.is_tail(c) { 2 } else { 4 };
+                for local in 0..groups {
+                    let g = 4 * c + local;
+                    let mut dots = [_mm512_setzero_si512(); H];
+                    let levels = decoder.cut_group::<B>(&words, local);
+                    for (k, &level) in levels.iter().enumerate() {
+                        for (dot, &qh) in dots.iter_mut().zip(&q) {
+                            let code = *(qh as *const i32).add(8 * g + k);
+                            *dot = _mm512_dpbusd_epi32(*dot, level, _mm512_set1_epi32(code));
+                        }
+                    }
+                    let at = g * TILE_ROWS + block;
+                    let scale = _mm512_loadu_ps(tile.scales.as_ptr().add(at));
+                    let value = _mm512_loadu_ps(tile.centers.as_ptr().add(at));
+                    for ((a, &qh), &dot) in acc.iter_mut().zip(&q).zip(&dots) {
+                        let map = qh.add(w / 4 + QUERY_MAP * g);
+                        let x = _mm512_fmsub_ps(
+                            _mm512_cvtepi32_ps(dot),
+                            _mm512_set1_ps(*map),
+                            _mm512_set1_ps(center * *map.add(1)),
+                        );
+                        *a = _mm512_fmadd_ps(x, scale, *a);
+                        if has_min {
+                            *a = _mm512_fmadd_ps(value, _mm512_set1_ps(*map.add(2)), *a);
+                        }
+                    }
+                }
+            }
+            let mask = first_lanes(n - block);
+            for (s, a) in scores.iter_mut().zip(&acc) {
+                _mm512_mask_storeu_ps(s.as_mut_ptr().add(first + block), mask, *a);
+            }
+        }
+    }
+
+    /// The byte permutation that interleaves two rows' bytes in pairs so that the 16-bit
+    /// unpacks of two such pairs give 16 consecutive bytes of 4 rows: in 128-bit lane `L`,
+    /// words 0–3 are bytes `base + 4L..`, words 4–7 bytes `base + 16 + 4L..`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     unsafe fn pair_permute(base: usize) -> __m512i {
         bytes(std::array::from_fn(|j| {
             let (lane, word, second) = (j / 16, (j % 16) / 2, j % 2);
@@ -638,44 +854,45 @@ mod avx512 {
         }))
     }
 
-    /// Heads whose integer sums one pass keeps in registers.
-    const SUM_HEADS: usize = 4;
+    /// Per head of a pass and map: the weights' step, `center·Σ codes` (the centering, in
+    /// the integer sums) and `Σ w·center_value` (formats with a minimum).
+    struct Rounded {
+        /// Groups per map.
+        per_map: usize,
+        steps: [[f32; MAX_GROUPS]; SUM_HEADS],
+        centering: [[i32; MAX_GROUPS]; SUM_HEADS],
+        center_sums: [[f32; MAX_GROUPS]; SUM_HEADS],
+    }
 
-    /// Most groups a row may have (`width ≤ 512`).
-    const MAX_GROUPS: usize = 16;
-
-    /// Vectors of 16 rows in a tile.
-    const VECTORS: usize = TILE_ROWS / 16;
-
-    /// `accs[h] += Σ_t weights[h][first + t]·row_t` over the tile's `n` rows: per group,
-    /// `step·(Σ codes·levels − center·Σ codes)` in the accumulators and `Σ w·center_value`
-    /// in `tile.offset_sums[(h·groups + g)·16..][..16]`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi")]
+    /// `accs[h] += Σ_t weights[h][first + t]·row_t` over the tile's rows.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     pub unsafe fn accumulate_tile(
         tile: &mut Tile,
-        format: &LevelFormat,
+        decoder: &Decoder,
+        rows: &[u8],
         first: usize,
-        n: usize,
         weights: &[&[f32]],
         accs: &mut [&mut [f32]],
     ) {
-        let w = format.width;
-        let groups = w / GROUP;
+        let format = &decoder.format;
+        let (w, n) = (format.width, rows.len() / format.row_bytes);
+        let per_map = format.maps.channels / GROUP;
+        let maps = w / format.maps.channels;
         let center = format.center();
         let has_min = format.maps.min_at.is_some();
-        assert!(groups <= MAX_GROUPS && n <= TILE_ROWS);
+        assert!(maps <= MAX_GROUPS && n <= TILE_ROWS);
         assert!(weights.iter().all(|x| x.len() >= first + n));
         assert!(accs.iter().all(|a| a.len() >= w));
-        assert!(tile.offset_sums.len() == weights.len() * groups * 16);
-        assert!(tile.weights.len() >= SUM_HEADS * groups * TILE_ROWS);
+        assert!(tile.weights.len() >= SUM_HEADS * maps * TILE_ROWS);
         // Lanes of 16 rows, masked to the tile's rows.
         let masks: [__mmask16; VECTORS] =
             std::array::from_fn(|i| first_lanes(n.saturating_sub(16 * i)));
-        // Each group's scales over its largest magnitude in the tile.
+        // Each map's scales over their largest magnitude in the tile (a map's groups hold
+        // the same scales).
         let mut largest_scale = [0f32; MAX_GROUPS];
         let mut relative_scales = [[_mm512_setzero_ps(); VECTORS]; MAX_GROUPS];
-        for g in 0..groups {
-            let s = tile.scales.as_ptr().add(g * TILE_ROWS);
+        for g in 0..maps {
+            let s = tile.scales.as_ptr().add(g * per_map * TILE_ROWS);
             let mut largest = _mm512_setzero_ps();
             for (i, r) in relative_scales[g].iter_mut().enumerate() {
                 *r = _mm512_maskz_loadu_ps(masks[i], s.add(16 * i));
@@ -691,16 +908,18 @@ mod avx512 {
                 *r = _mm512_mul_ps(*r, _mm512_set1_ps(inv));
             }
         }
-        let (lo, hi) = (pair_permute(0), pair_permute(32));
-        let quads = n.div_ceil(4);
         for h0 in (0..weights.len()).step_by(SUM_HEADS) {
             let heads = weights.len().min(h0 + SUM_HEADS) - h0;
             // Each head's weights times the rows' scales, rounded against their largest:
-            // `round(127·(w/max w)·(scale/max scale))`, one step per head and group.
-            let mut steps = [[0f32; MAX_GROUPS]; SUM_HEADS];
-            for (hh, step_h) in steps.iter_mut().enumerate().take(heads) {
-                let h = h0 + hh;
-                let wp = weights[h].as_ptr().add(first);
+            // `round(127·(w/max w)·(scale/max scale))`, one step per head and map.
+            let mut rounded = Rounded {
+                per_map,
+                steps: [[0.0; MAX_GROUPS]; SUM_HEADS],
+                centering: [[0; MAX_GROUPS]; SUM_HEADS],
+                center_sums: [[0.0; MAX_GROUPS]; SUM_HEADS],
+            };
+            for hh in 0..heads {
+                let wp = weights[h0 + hh].as_ptr().add(first);
                 let mut wv = [_mm512_setzero_ps(); VECTORS];
                 let mut largest = _mm512_setzero_ps();
                 for (i, x) in wv.iter_mut().enumerate() {
@@ -713,17 +932,15 @@ mod avx512 {
                 } else {
                     0.0
                 });
-                for g in 0..groups {
-                    let step = largest_weight * largest_scale[g] / 127.0;
-                    step_h[g] = step;
-                    let sums = tile.offset_sums.as_mut_ptr().add((h * groups + g) * 16);
-                    let mut offset_sum = _mm512_loadu_ps(sums);
+                for g in 0..maps {
+                    rounded.steps[hh][g] = largest_weight * largest_scale[g] / 127.0;
                     let mut code_sum = _mm512_setzero_si512();
+                    let mut center_sum = _mm512_setzero_ps();
                     for (i, &x) in wv.iter().enumerate() {
+                        let at = g * per_map * TILE_ROWS + 16 * i;
                         if has_min {
-                            let at = g * TILE_ROWS + 16 * i;
                             let value = _mm512_loadu_ps(tile.centers.as_ptr().add(at));
-                            offset_sum = _mm512_fmadd_ps(x, value, offset_sum);
+                            center_sum = _mm512_fmadd_ps(x, value, center_sum);
                         }
                         let scaled =
                             _mm512_mul_ps(_mm512_mul_ps(x, to_levels), relative_scales[g][i]);
@@ -732,62 +949,186 @@ mod avx512 {
                         let out = tile
                             .weights
                             .as_mut_ptr()
-                            .add((hh * groups + g) * TILE_ROWS + 16 * i);
+                            .add((hh * maps + g) * TILE_ROWS + 16 * i);
                         _mm_storeu_si128(out as *mut _, _mm512_cvtepi32_epi8(codes));
                     }
-                    // The sums add `step·code·level`; `−step·center·Σ code` centers them.
-                    let correction = _mm512_set1_ps(-step * center);
-                    offset_sum =
-                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(code_sum), correction, offset_sum);
-                    _mm512_storeu_ps(sums, offset_sum);
+                    rounded.centering[hh][g] = center as i32 * _mm512_reduce_add_epi32(code_sum);
+                    rounded.center_sums[hh][g] = _mm512_reduce_add_ps(center_sum);
                 }
             }
-            for half in 0..w / 64 {
-                let mut sums = [[_mm512_setzero_si512(); 4]; SUM_HEADS];
-                for k in 0..quads {
-                    // Rows past `n` (at most 3) hold stale levels under zero weights.
-                    let p = tile.levels.as_ptr().add(4 * k * w + 64 * half);
-                    let r0 = _mm512_loadu_si512(p as *const _);
-                    let r1 = _mm512_loadu_si512(p.add(w) as *const _);
-                    let r2 = _mm512_loadu_si512(p.add(2 * w) as *const _);
-                    let r3 = _mm512_loadu_si512(p.add(3 * w) as *const _);
-                    let (p01a, p01b) = (
-                        _mm512_permutex2var_epi8(r0, lo, r1),
-                        _mm512_permutex2var_epi8(r0, hi, r1),
-                    );
-                    let (p23a, p23b) = (
-                        _mm512_permutex2var_epi8(r2, lo, r3),
-                        _mm512_permutex2var_epi8(r2, hi, r3),
-                    );
-                    let x = [
-                        _mm512_unpacklo_epi16(p01a, p23a),
-                        _mm512_unpackhi_epi16(p01a, p23a),
-                        _mm512_unpacklo_epi16(p01b, p23b),
-                        _mm512_unpackhi_epi16(p01b, p23b),
+            let accs = &mut accs[h0..h0 + heads];
+            match (heads, format.code_bits()) {
+                (1, 4) => sums_of_nibbles::<1>(tile, decoder, rows, &rounded, accs),
+                (2, 4) => sums_of_nibbles::<2>(tile, decoder, rows, &rounded, accs),
+                (3, 4) => sums_of_nibbles::<3>(tile, decoder, rows, &rounded, accs),
+                (_, 4) => sums_of_nibbles::<4>(tile, decoder, rows, &rounded, accs),
+                (1, _) => sums_of_levels::<1>(tile, decoder, n, &rounded, accs),
+                (2, _) => sums_of_levels::<2>(tile, decoder, n, &rounded, accs),
+                (3, _) => sums_of_levels::<3>(tile, decoder, n, &rounded, accs),
+                _ => sums_of_levels::<4>(tile, decoder, n, &rounded, accs),
+            }
+        }
+    }
+
+    /// The value of 16 lanes of integer sums of group `g`: `step·(sum − centering) +
+    /// center_sum`, with the head's figures for the group's map.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+    unsafe fn finish_sum(sum: __m512i, rounded: &Rounded, hh: usize, g: usize) -> __m512 {
+        let g = g / rounded.per_map;
+        let centered = _mm512_sub_epi32(sum, _mm512_set1_epi32(rounded.centering[hh][g]));
+        _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(centered),
+            _mm512_set1_ps(rounded.steps[hh][g]),
+            _mm512_set1_ps(rounded.center_sums[hh][g]),
+        )
+    }
+
+    /// Adds `v` to the 16 floats at `a`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+    unsafe fn add_to(a: *mut f32, v: __m512) {
+        _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), v));
+    }
+
+    /// The integer sums of 4-bit streams, straight from the rows: per 4 rows and 32 stream
+    /// bytes, the bytes are interleaved (one byte of 4 rows per lane) and both nibbles cut.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+    unsafe fn sums_of_nibbles<const H: usize>(
+        tile: &Tile,
+        decoder: &Decoder,
+        rows: &[u8],
+        rounded: &Rounded,
+        accs: &mut [&mut [f32]],
+    ) {
+        let format = &decoder.format;
+        let (w, rb) = (format.width, format.row_bytes);
+        let n = rows.len() / rb;
+        let (per_map, maps) = (format.maps.channels / GROUP, w / format.maps.channels);
+        let nibble = _mm512_set1_epi8(0x0f);
+        let pairs = [pair_permute(0), pair_permute(32)];
+        // Packed codes alternate channels within a byte; q4_0's nibbles are 16 apart.
+        let interleave: [__m512i; 2] = [
+            _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+            _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31),
+        ];
+        let packed = matches!(format.codes, CodeLayout::Packed { .. });
+        let acc: [*mut f32; H] = std::array::from_fn(|h| accs[h].as_mut_ptr());
+        for c in 0..w.div_ceil(128) {
+            let halves = if decoder.is_tail(c) { 1 } else { 2 };
+            for (half, &pair) in pairs.iter().enumerate().take(halves) {
+                let g0 = 4 * c + 2 * half;
+                let mut sums = [[_mm512_setzero_si512(); 4]; H];
+                for k in 0..n.div_ceil(4) {
+                    // Rows past the tile repeat its last row, under zero weights.
+                    let row = |i: usize| rows.as_ptr().add((4 * k + i).min(n - 1) * rb);
+                    let (s0, s1) = (decoder.stream(row(0), c), decoder.stream(row(1), c));
+                    let (s2, s3) = (decoder.stream(row(2), c), decoder.stream(row(3), c));
+                    let p01 = _mm512_permutex2var_epi8(s0, pair, s1);
+                    let p23 = _mm512_permutex2var_epi8(s2, pair, s3);
+                    let x0 = _mm512_unpacklo_epi16(p01, p23);
+                    let x1 = _mm512_unpackhi_epi16(p01, p23);
+                    let parts = [
+                        decoder.level(_mm512_and_si512(x0, nibble)),
+                        decoder.level(_mm512_and_si512(_mm512_srli_epi16::<4>(x0), nibble)),
+                        decoder.level(_mm512_and_si512(x1, nibble)),
+                        decoder.level(_mm512_and_si512(_mm512_srli_epi16::<4>(x1), nibble)),
                     ];
-                    for (hh, s) in sums.iter_mut().enumerate().take(heads) {
-                        let wq = tile
-                            .weights
-                            .as_ptr()
-                            .add((hh * groups + 2 * half) * TILE_ROWS + 4 * k);
-                        let w0 = _mm512_set1_epi32(std::ptr::read_unaligned(wq as *const i32));
-                        let w1 = _mm512_set1_epi32(std::ptr::read_unaligned(
-                            wq.add(TILE_ROWS) as *const i32
-                        ));
-                        s[0] = _mm512_dpbusd_epi32(s[0], x[0], w0);
-                        s[1] = _mm512_dpbusd_epi32(s[1], x[1], w0);
-                        s[2] = _mm512_dpbusd_epi32(s[2], x[2], w1);
-                        s[3] = _mm512_dpbusd_epi32(s[3], x[3], w1);
+                    for (hh, s) in sums.iter_mut().enumerate() {
+                        let weights = |g: usize| {
+                            let at = (hh * maps + g / per_map) * TILE_ROWS + 4 * k;
+                            let wq = tile.weights.as_ptr().add(at) as *const i32;
+                            _mm512_set1_epi32(std::ptr::read_unaligned(wq))
+                        };
+                        let (w0, w1) = (weights(g0), weights(g0 + 1));
+                        s[0] = _mm512_dpbusd_epi32(s[0], parts[0], w0);
+                        s[1] = _mm512_dpbusd_epi32(s[1], parts[1], w0);
+                        s[2] = _mm512_dpbusd_epi32(s[2], parts[2], w1);
+                        s[3] = _mm512_dpbusd_epi32(s[3], parts[3], w1);
                     }
                 }
-                for (hh, s) in sums.iter().enumerate().take(heads) {
-                    let acc = accs[h0 + hh].as_mut_ptr().add(64 * half);
-                    for (x, &sum) in s.iter().enumerate() {
-                        let step = _mm512_set1_ps(steps[hh][2 * half + x / 2]);
-                        let a = acc.add(16 * x);
-                        let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), step, _mm512_loadu_ps(a));
-                        _mm512_storeu_ps(a, v);
+                // Stream byte 16g + l holds channels 32g + 2l, +1 (packed) or 32g + l, +16.
+                for (hh, s) in sums.iter().enumerate() {
+                    for j in 0..2 {
+                        let g = g0 + j;
+                        let low = finish_sum(s[2 * j], rounded, hh, g);
+                        let high = finish_sum(s[2 * j + 1], rounded, hh, g);
+                        let (first, second) = if packed {
+                            (
+                                _mm512_permutex2var_ps(low, interleave[0], high),
+                                _mm512_permutex2var_ps(low, interleave[1], high),
+                            )
+                        } else {
+                            (low, high)
+                        };
+                        add_to(acc[hh].add(GROUP * g), first);
+                        add_to(acc[hh].add(GROUP * g + 16), second);
                     }
+                }
+            }
+        }
+    }
+
+    /// The integer sums of byte levels decoded into the tile: per 4 rows and 64 channels,
+    /// the levels are interleaved (one channel of 4 rows per lane).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+    unsafe fn sums_of_levels<const H: usize>(
+        tile: &Tile,
+        decoder: &Decoder,
+        n: usize,
+        rounded: &Rounded,
+        accs: &mut [&mut [f32]],
+    ) {
+        let w = decoder.format.width;
+        let per_map = decoder.format.maps.channels / GROUP;
+        let maps = w / decoder.format.maps.channels;
+        let (lo, hi) = (pair_permute(0), pair_permute(32));
+        let acc: [*mut f32; H] = std::array::from_fn(|h| accs[h].as_mut_ptr());
+        for half in 0..w / 64 {
+            let mut sums = [[_mm512_setzero_si512(); 4]; H];
+            for k in 0..n.div_ceil(4) {
+                // Rows past `n` (at most 3) hold stale levels under zero weights.
+                let p = tile.levels.as_ptr().add(4 * k * w + 64 * half);
+                let r0 = _mm512_loadu_si512(p as *const _);
+                let r1 = _mm512_loadu_si512(p.add(w) as *const _);
+                let r2 = _mm512_loadu_si512(p.add(2 * w) as *const _);
+                let r3 = _mm512_loadu_si512(p.add(3 * w) as *const _);
+                let (p01a, p01b) = (
+                    _mm512_permutex2var_epi8(r0, lo, r1),
+                    _mm512_permutex2var_epi8(r0, hi, r1),
+                );
+                let (p23a, p23b) = (
+                    _mm512_permutex2var_epi8(r2, lo, r3),
+                    _mm512_permutex2var_epi8(r2, hi, r3),
+                );
+                let x = [
+                    _mm512_unpacklo_epi16(p01a, p23a),
+                    _mm512_unpackhi_epi16(p01a, p23a),
+                    _mm512_unpacklo_epi16(p01b, p23b),
+                    _mm512_unpackhi_epi16(p01b, p23b),
+                ];
+                for (hh, s) in sums.iter_mut().enumerate() {
+                    let weights = |g: usize| {
+                        let at = (hh * maps + g / per_map) * TILE_ROWS + 4 * k;
+                        let wq = tile.weights.as_ptr().add(at) as *const i32;
+                        _mm512_set1_epi32(std::ptr::read_unaligned(wq))
+                    };
+                    let (w0, w1) = (weights(2 * half), weights(2 * half + 1));
+                    s[0] = _mm512_dpbusd_epi32(s[0], x[0], w0);
+                    s[1] = _mm512_dpbusd_epi32(s[1], x[1], w0);
+                    s[2] = _mm512_dpbusd_epi32(s[2], x[2], w1);
+                    s[3] = _mm512_dpbusd_epi32(s[3], x[3], w1);
+                }
+            }
+            for (hh, s) in sums.iter().enumerate() {
+                for (x, &sum) in s.iter().enumerate() {
+                    let g = 2 * half + x / 2;
+                    add_to(
+                        acc[hh].add(64 * half + 16 * x),
+                        finish_sum(sum, rounded, hh, g),
+                    );
                 }
             }
         }
@@ -943,14 +1284,33 @@ mod tests {
         }
     }
 
+    /// Each stream's positions are a permutation of the channels that keeps every group of
+    /// 32 together.
+    #[test]
+    fn streams_permute_channels_within_groups() {
+        for (name, _, format, ..) in level_codecs(1) {
+            let mut seen = vec![false; format.width];
+            for i in 0..format.width {
+                let c = format.stream_channel(i);
+                assert_eq!(c / GROUP, i / GROUP, "{name}: position {i}");
+                assert!(
+                    !std::mem::replace(&mut seen[c], true),
+                    "{name}: channel {c} twice"
+                );
+            }
+        }
+    }
+
     #[test]
     fn quantized_queries_round_to_nearest_within_half_a_step() {
         let mut rng = ChaCha8Rng::seed_from_u64(8);
         let q: Vec<f32> = (0..128)
             .map(|i| rng.gen_range(-2.0..2.0f32) * (1 + i % 5) as f32)
             .collect();
+        let codec = build_codec(SchemeKind::Q4_0, Role::Key, 128, &Calibration::default(), 0);
+        let format = codec.unwrap().level_format().unwrap();
         let mut slots = vec![0f32; query_slots(128)];
-        quantize_query(&q, &mut slots);
+        quantize_query(&format, &q, &mut slots);
         let codes: Vec<i8> = slots[..32]
             .iter()
             .flat_map(|s| s.to_bits().to_le_bytes())
@@ -967,7 +1327,8 @@ mod tests {
                 .sum();
             assert_eq!(slots[33 + 3 * g], sigma * sum as f32);
             assert_eq!(slots[34 + 3 * g], xs.iter().sum::<f32>());
-            for (x, &c) in xs.iter().zip(&codes[32 * g..]) {
+            for (i, &c) in codes[32 * g..32 * (g + 1)].iter().enumerate() {
+                let x = q[format.stream_channel(32 * g + i)];
                 assert!(
                     (x - sigma * f32::from(c)).abs() <= sigma / 2.0 * 1.0001,
                     "{x} {c} {sigma}"
@@ -1007,11 +1368,13 @@ mod tests {
                 for h in 0..heads {
                     let q = &prepared[h][..w];
                     let slots = &prepared[h][prepared[h].len() - query_slots(w)..];
-                    let codes: Vec<i8> = slots[..w / 4]
+                    let mut codes = vec![0i8; w];
+                    let stream = slots[..w / 4]
                         .iter()
-                        .flat_map(|s| s.to_bits().to_le_bytes())
-                        .map(|b| b as i8)
-                        .collect();
+                        .flat_map(|s| s.to_bits().to_le_bytes());
+                    for (i, b) in stream.enumerate() {
+                        codes[format.stream_channel(i)] = b as i8;
+                    }
                     let center = f64::from(format.center());
                     for (t, row) in bytes.chunks_exact(format.row_bytes).enumerate() {
                         let (mut exact, mut plain, mut bound) = (0f64, 0f64, 0f64);
