@@ -227,6 +227,10 @@ fn attend_run(
     let prepared_heads: Vec<&[f32]> = heads.prepared.chunks_exact(qlen).collect();
     let scaled_heads: Vec<&[f32]> = heads.scaled.chunks_exact(d).collect();
     let mut scores: Vec<f32> = Vec::new();
+    // Per-span lists of slices, their allocations reused from span to span.
+    let mut score_rows: Vec<&mut [f32]> = Vec::with_capacity(group);
+    let mut weight_rows: Vec<&[f32]> = Vec::with_capacity(group);
+    let mut acc_rows: Vec<&mut [f32]> = Vec::with_capacity(group);
     let spans = &view.spans[item.spans.clone()];
     for (i, span) in spans.iter().enumerate() {
         // The next span's bytes load while this one is computed.
@@ -256,7 +260,8 @@ fn attend_run(
         } else {
             &scaled_heads
         };
-        let mut head_scores: Vec<&mut [f32]> = scores.chunks_exact_mut(rows).collect();
+        let mut head_scores: Vec<&mut [f32]> = recycle(score_rows);
+        head_scores.extend(scores.chunks_exact_mut(rows));
         k_codec.score_group(queries, keys, &mut head_scores);
         for (state, s) in states.iter_mut().zip(head_scores.iter_mut()) {
             s[..from - first].fill(f32::NEG_INFINITY);
@@ -267,18 +272,29 @@ fn attend_run(
             }
             state.sum += kvq_codec::simd::exp_shifted(s, state.max);
         }
-        let weights: Vec<&[f32]> = scores.chunks_exact(rows).collect();
-        let mut accs: Vec<&mut [f32]> = states
-            .iter_mut()
-            .map(|st| {
-                if span.compressed() {
-                    st.acc_codec.as_mut_slice()
-                } else {
-                    st.acc_full.as_mut_slice()
-                }
-            })
-            .collect();
+        score_rows = recycle(head_scores);
+        let mut weights: Vec<&[f32]> = recycle(weight_rows);
+        weights.extend(scores.chunks_exact(rows));
+        let mut accs: Vec<&mut [f32]> = recycle(acc_rows);
+        accs.extend(states.iter_mut().map(|st| {
+            if span.compressed() {
+                st.acc_codec.as_mut_slice()
+            } else {
+                st.acc_full.as_mut_slice()
+            }
+        }));
         v_codec.accumulate_group(&weights, values, &mut accs);
+        (weight_rows, acc_rows) = (recycle(weights), recycle(accs));
     }
     states
+}
+
+/// An empty vector with `v`'s allocation, for elements of another lifetime (collecting the
+/// emptied vector's iterator into one of the same layout reuses its buffer): the per-span
+/// lists of slices cost no allocation.
+fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter()
+        .map(|_| unreachable!("the vector is empty"))
+        .collect()
 }

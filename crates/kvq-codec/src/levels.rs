@@ -246,11 +246,9 @@ pub fn finish_query(format: &LevelFormat, prepared: &mut [f32]) {
     quantize_query(format, &head[..format.width], tail);
 }
 
-/// A tile's maps (and, for the sums of 2- and 3-bit codes, its levels).
+/// A tile's maps and rounded weights.
 #[derive(Default)]
 struct Tile {
-    /// `TILE_ROWS × width` levels, row-major (2- and 3-bit sums only).
-    levels: Vec<u8>,
     /// Scale of group `g` of row `r` at `g·TILE_ROWS + r`.
     scales: Vec<f32>,
     /// Value of the center level ([`LevelFormat::center`]) of group `g` of row `r` at
@@ -275,12 +273,11 @@ thread_local! {
 }
 
 /// Calls `f(first_row, rows, tile, decoder)` for consecutive tiles of `blocks` (whole rows),
-/// after decoding each tile's maps, and its levels when `levels` is set.
+/// after decoding each tile's maps.
 #[cfg(target_arch = "x86_64")]
 fn for_each_tile(
     format: &LevelFormat,
     blocks: &[u8],
-    levels: bool,
     mut f: impl FnMut(usize, &[u8], &mut Tile, &avx512::Decoder),
 ) {
     assert!(available() && format.supported());
@@ -292,9 +289,6 @@ fn for_each_tile(
         tile.map_words.resize(TILE_ROWS * MAP_WORDS, 0);
         tile.weights
             .resize(avx512::SUM_HEADS * groups * TILE_ROWS, 0);
-        if levels {
-            tile.levels.resize(TILE_ROWS * format.width, 0);
-        }
         if decoder.as_ref().map(avx512::Decoder::format) != Some(format) {
             // SAFETY: `available` checked the CPU.
             *decoder = Some(unsafe { avx512::Decoder::new(format) });
@@ -303,7 +297,7 @@ fn for_each_tile(
         for (i, rows) in blocks.chunks(TILE_ROWS * format.row_bytes).enumerate() {
             // SAFETY: the format is supported, so every row holds its codes and maps, and the
             // tile is sized for the width.
-            unsafe { decoder.decode(rows, levels, tile) };
+            unsafe { decoder.decode(rows, tile) };
             f(i * TILE_ROWS, rows, tile, decoder);
         }
     });
@@ -317,12 +311,10 @@ pub fn score_group(
     blocks: &[u8],
     scores: &mut [&mut [f32]],
 ) {
-    let slots = query_slots(format.width);
-    let quantized: Vec<&[f32]> = queries.iter().map(|q| &q[q.len() - slots..]).collect();
     #[cfg(target_arch = "x86_64")]
-    for_each_tile(format, blocks, false, |first, rows, tile, decoder| {
+    for_each_tile(format, blocks, |first, rows, tile, decoder| {
         // SAFETY: as in `for_each_tile`; each score row holds the tile's rows.
-        unsafe { avx512::score_tile(tile, decoder, rows, &quantized, scores, first) };
+        unsafe { avx512::score_tile(tile, decoder, rows, queries, scores, first) };
     });
 }
 
@@ -334,16 +326,11 @@ pub fn accumulate_group(
     accs: &mut [&mut [f32]],
 ) {
     #[cfg(target_arch = "x86_64")]
-    for_each_tile(
-        format,
-        blocks,
-        format.code_bits() != 4,
-        |first, rows, tile, decoder| {
-            // SAFETY: as in `for_each_tile`; each weight row holds the tile's rows and each
-            // accumulator `width` values.
-            unsafe { avx512::accumulate_tile(tile, decoder, rows, first, weights, accs) };
-        },
-    );
+    for_each_tile(format, blocks, |first, rows, tile, decoder| {
+        // SAFETY: as in `for_each_tile`; each weight row holds the tile's rows and each
+        // accumulator `width` values.
+        unsafe { avx512::accumulate_tile(tile, decoder, rows, first, weights, accs) };
+    });
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -558,32 +545,31 @@ mod avx512 {
             }
         }
 
-        /// Decodes the maps of `rows` (at most `TILE_ROWS`) into `tile`, and their byte levels
-        /// when `levels` is set (packed codes only).
+        /// The byte levels of codes `64c..64c+64` of the packed row at `row`.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn byte_levels(&self, row: *const u8, c: usize) -> __m512i {
+            let p = row.add(self.stream_at + c * self.chunk_bytes);
+            let src = _mm512_maskz_loadu_epi8(self.chunk_load, p as *const i8);
+            let placed = _mm512_permutexvar_epi8(self.permute, src);
+            let codes = _mm512_and_si512(
+                _mm512_multishift_epi64_epi8(self.shifts, placed),
+                self.code_mask,
+            );
+            self.level(codes)
+        }
+
+        /// Decodes the maps of `rows` (at most `TILE_ROWS`) into `tile`.
         #[target_feature(
             enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2,f16c"
         )]
-        pub unsafe fn decode(&self, rows: &[u8], levels: bool, tile: &mut Tile) {
-            let (w, rb) = (self.format.width, self.format.row_bytes);
+        pub unsafe fn decode(&self, rows: &[u8], tile: &mut Tile) {
+            let rb = self.format.row_bytes;
             let n = rows.len() / rb;
             assert!(n <= TILE_ROWS && tile.map_words.len() >= TILE_ROWS * MAP_WORDS);
-            assert!(!levels || tile.levels.len() >= n * w);
             let words = tile.map_words.as_mut_ptr();
             for r in 0..n {
                 let row = rows.as_ptr().add(r * rb);
-                if let (true, CodeLayout::Packed { at, .. }) = (levels, self.format.codes) {
-                    let out = tile.levels.as_mut_ptr().add(r * w);
-                    for c in 0..w / 64 {
-                        let p = row.add(at + c * self.chunk_bytes);
-                        let src = _mm512_maskz_loadu_epi8(self.chunk_load, p as *const i8);
-                        let placed = _mm512_permutexvar_epi8(self.permute, src);
-                        let codes = _mm512_and_si512(
-                            _mm512_multishift_epi64_epi8(self.shifts, placed),
-                            self.code_mask,
-                        );
-                        _mm512_storeu_si512(out.add(64 * c) as *mut _, self.level(codes));
-                    }
-                }
                 if !self.gather {
                     let lo = _mm512_maskz_loadu_epi8(self.row_lo, row as *const i8);
                     let hi =
@@ -742,7 +728,8 @@ mod avx512 {
         out
     }
 
-    /// Scores of the tile's rows for every query, into `scores[h][first..]`.
+    /// Scores of the tile's rows for every prepared query (its i8 form in its last slots),
+    /// into `scores[h][first..]`.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     pub unsafe fn score_tile(
         tile: &Tile,
@@ -755,7 +742,7 @@ mod avx512 {
         let n = rows.len() / decoder.format.row_bytes;
         assert!(queries
             .iter()
-            .all(|q| q.len() == super::query_slots(decoder.format.width)));
+            .all(|q| q.len() >= super::query_slots(decoder.format.width)));
         assert!(scores.iter().all(|s| s.len() >= first + n) && n <= TILE_ROWS);
         for h0 in (0..queries.len()).step_by(SCORE_HEADS) {
             let h1 = queries.len().min(h0 + SCORE_HEADS);
@@ -795,7 +782,10 @@ mod avx512 {
         let n = rows.len() / rb;
         let center = format.center();
         let has_min = format.maps.min_at.is_some();
-        let q: [*const f32; H] = std::array::from_fn(|h| queries[h].as_ptr());
+        // The i8 query: the last slots of each prepared query.
+        let slots = super::query_slots(w);
+        let q: [*const f32; H] =
+            std::array::from_fn(|h| queries[h][queries[h].len() - slots..].as_ptr());
         for block in (0..n).step_by(16) {
             let mut acc = [_mm512_setzero_ps(); H];
             for c in 0..w.div_ceil(128) {
@@ -962,10 +952,10 @@ mod avx512 {
                 (2, 4) => sums_of_nibbles::<2>(tile, decoder, rows, &rounded, accs),
                 (3, 4) => sums_of_nibbles::<3>(tile, decoder, rows, &rounded, accs),
                 (_, 4) => sums_of_nibbles::<4>(tile, decoder, rows, &rounded, accs),
-                (1, _) => sums_of_levels::<1>(tile, decoder, n, &rounded, accs),
-                (2, _) => sums_of_levels::<2>(tile, decoder, n, &rounded, accs),
-                (3, _) => sums_of_levels::<3>(tile, decoder, n, &rounded, accs),
-                _ => sums_of_levels::<4>(tile, decoder, n, &rounded, accs),
+                (1, _) => sums_of_levels::<1>(tile, decoder, rows, &rounded, accs),
+                (2, _) => sums_of_levels::<2>(tile, decoder, rows, &rounded, accs),
+                (3, _) => sums_of_levels::<3>(tile, decoder, rows, &rounded, accs),
+                _ => sums_of_levels::<4>(tile, decoder, rows, &rounded, accs),
             }
         }
     }
@@ -1070,18 +1060,19 @@ mod avx512 {
         }
     }
 
-    /// The integer sums of byte levels decoded into the tile: per 4 rows and 64 channels,
-    /// the levels are interleaved (one channel of 4 rows per lane).
+    /// The integer sums of 2- and 3-bit codes: per 4 rows and 64 channels, the codes are
+    /// decoded to byte levels and interleaved (one channel of 4 rows per lane).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     unsafe fn sums_of_levels<const H: usize>(
         tile: &Tile,
         decoder: &Decoder,
-        n: usize,
+        rows: &[u8],
         rounded: &Rounded,
         accs: &mut [&mut [f32]],
     ) {
-        let w = decoder.format.width;
+        let (w, rb) = (decoder.format.width, decoder.format.row_bytes);
+        let n = rows.len() / rb;
         let per_map = decoder.format.maps.channels / GROUP;
         let maps = w / decoder.format.maps.channels;
         let (lo, hi) = (pair_permute(0), pair_permute(32));
@@ -1089,12 +1080,16 @@ mod avx512 {
         for half in 0..w / 64 {
             let mut sums = [[_mm512_setzero_si512(); 4]; H];
             for k in 0..n.div_ceil(4) {
-                // Rows past `n` (at most 3) hold stale levels under zero weights.
-                let p = tile.levels.as_ptr().add(4 * k * w + 64 * half);
-                let r0 = _mm512_loadu_si512(p as *const _);
-                let r1 = _mm512_loadu_si512(p.add(w) as *const _);
-                let r2 = _mm512_loadu_si512(p.add(2 * w) as *const _);
-                let r3 = _mm512_loadu_si512(p.add(3 * w) as *const _);
+                // Rows past the tile repeat its last row, under zero weights.
+                let row = |i: usize| rows.as_ptr().add((4 * k + i).min(n - 1) * rb);
+                let (r0, r1) = (
+                    decoder.byte_levels(row(0), half),
+                    decoder.byte_levels(row(1), half),
+                );
+                let (r2, r3) = (
+                    decoder.byte_levels(row(2), half),
+                    decoder.byte_levels(row(3), half),
+                );
                 let (p01a, p01b) = (
                     _mm512_permutex2var_epi8(r0, lo, r1),
                     _mm512_permutex2var_epi8(r0, hi, r1),
