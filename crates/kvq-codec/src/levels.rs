@@ -390,6 +390,11 @@ mod avx512 {
         tail_load: [__mmask64; 2],
         /// q4_0: the permutation of the two loads that leaves the nibble bytes.
         compact: Option<__m512i>,
+        /// Bytes from a chunk's source to its second 64 channels, the mask that loads 64
+        /// channels, and the pair permutation (see `pair_permute`) of such loads.
+        half_step: usize,
+        half_load: __mmask64,
+        nibble_pairs: __m512i,
         code_mask: __m512i,
         table: Option<__m512i>,
         permute: __m512i,
@@ -430,6 +435,11 @@ mod avx512 {
                     }))),
                 ),
             };
+            // Half a chunk: 32 stream bytes, or q4_0's two blocks of 18 bytes.
+            let (half_step, nibble_pairs) = match format.codes {
+                CodeLayout::Packed { .. } => (8 * b, pair_permute(|b| b)),
+                CodeLayout::Q4_0 => (36, pair_permute(|b| 18 * (b / 16) + 2 + b % 16)),
+            };
             let m = format.maps;
             let maps = format.width / m.channels;
             let words: [u8; 64] = std::array::from_fn(|j| {
@@ -448,6 +458,9 @@ mod avx512 {
                 stream_load,
                 tail_load,
                 compact,
+                half_step,
+                half_load: first_bytes(half_step),
+                nibble_pairs,
                 code_mask: _mm512_set1_epi8(((1u32 << b) - 1) as i8),
                 table: format.table.map(|t| {
                     let biased: [u8; 16] = std::array::from_fn(|i| (t.levels[i] as u8) ^ 0x80);
@@ -497,6 +510,15 @@ mod avx512 {
                     _mm512_permutex2var_epi8(lo, idx, hi)
                 }
             }
+        }
+
+        /// The source bytes of channels `64h..64h+64` of chunk `c` of the row at `row` (half
+        /// `h`), loaded as they lie.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn half_stream(&self, row: *const u8, c: usize, half: usize) -> __m512i {
+            let p = row.add(self.stream_at + c * self.stream_step + half * self.half_step);
+            _mm512_maskz_loadu_epi8(self.half_load, p as *const i8)
         }
 
         /// Levels of the 32 codes of group `g` of 16 transposed `B`-bit streams (dwords
@@ -833,14 +855,15 @@ mod avx512 {
 
     /// The byte permutation that interleaves two rows' bytes in pairs so that the 16-bit
     /// unpacks of two such pairs give 16 consecutive bytes of 4 rows: in 128-bit lane `L`,
-    /// words 0–3 are bytes `base + 4L..`, words 4–7 bytes `base + 16 + 4L..`.
+    /// words 0–3 are bytes `4L..` of 32, words 4–7 bytes `16 + 4L..`; byte `b` of the 32
+    /// sits at `position(b)` of each row's vector.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-    unsafe fn pair_permute(base: usize) -> __m512i {
+    unsafe fn pair_permute(position: impl Fn(usize) -> usize) -> __m512i {
         bytes(std::array::from_fn(|j| {
             let (lane, word, second) = (j / 16, (j % 16) / 2, j % 2);
-            let c = base + 4 * lane + if word < 4 { word } else { 12 + word };
-            (c + 64 * second) as u8
+            let b = 4 * lane + if word < 4 { word } else { 12 + word };
+            (position(b) + 64 * second) as u8
         }))
     }
 
@@ -982,7 +1005,8 @@ mod avx512 {
     }
 
     /// The integer sums of 4-bit streams, straight from the rows: per 4 rows and 32 stream
-    /// bytes, the bytes are interleaved (one byte of 4 rows per lane) and both nibbles cut.
+    /// bytes (64 channels, loaded with q4_0's two scales in between), the bytes are
+    /// interleaved (one byte of 4 rows per lane) and both nibbles cut.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     unsafe fn sums_of_nibbles<const H: usize>(
@@ -997,7 +1021,7 @@ mod avx512 {
         let n = rows.len() / rb;
         let (per_map, maps) = (format.maps.channels / GROUP, w / format.maps.channels);
         let nibble = _mm512_set1_epi8(0x0f);
-        let pairs = [pair_permute(0), pair_permute(32)];
+
         // Packed codes alternate channels within a byte; q4_0's nibbles are 16 apart.
         let interleave: [__m512i; 2] = [
             _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
@@ -1007,16 +1031,17 @@ mod avx512 {
         let acc: [*mut f32; H] = std::array::from_fn(|h| accs[h].as_mut_ptr());
         for c in 0..w.div_ceil(128) {
             let halves = if decoder.is_tail(c) { 1 } else { 2 };
-            for (half, &pair) in pairs.iter().enumerate().take(halves) {
+            for half in 0..halves {
                 let g0 = 4 * c + 2 * half;
                 let mut sums = [[_mm512_setzero_si512(); 4]; H];
                 for k in 0..n.div_ceil(4) {
                     // Rows past the tile repeat its last row, under zero weights.
                     let row = |i: usize| rows.as_ptr().add((4 * k + i).min(n - 1) * rb);
-                    let (s0, s1) = (decoder.stream(row(0), c), decoder.stream(row(1), c));
-                    let (s2, s3) = (decoder.stream(row(2), c), decoder.stream(row(3), c));
-                    let p01 = _mm512_permutex2var_epi8(s0, pair, s1);
-                    let p23 = _mm512_permutex2var_epi8(s2, pair, s3);
+                    let half_stream = |i: usize| decoder.half_stream(row(i), c, half);
+                    let (s0, s1) = (half_stream(0), half_stream(1));
+                    let (s2, s3) = (half_stream(2), half_stream(3));
+                    let p01 = _mm512_permutex2var_epi8(s0, decoder.nibble_pairs, s1);
+                    let p23 = _mm512_permutex2var_epi8(s2, decoder.nibble_pairs, s3);
                     let x0 = _mm512_unpacklo_epi16(p01, p23);
                     let x1 = _mm512_unpackhi_epi16(p01, p23);
                     let parts = [
@@ -1075,7 +1100,7 @@ mod avx512 {
         let n = rows.len() / rb;
         let per_map = decoder.format.maps.channels / GROUP;
         let maps = w / decoder.format.maps.channels;
-        let (lo, hi) = (pair_permute(0), pair_permute(32));
+        let (lo, hi) = (pair_permute(|b| b), pair_permute(|b| 32 + b));
         let acc: [*mut f32; H] = std::array::from_fn(|h| accs[h].as_mut_ptr());
         for half in 0..w / 64 {
             let mut sums = [[_mm512_setzero_si512(); 4]; H];
