@@ -181,18 +181,22 @@ pub fn attend(
             }
         }
     }
-    for (slot, o) in merged.into_iter().zip(out.chunks_exact_mut(d)) {
-        let state = slot.expect("every query head has at least one item");
-        view.v_codec.finish(&state.acc_codec, o);
-        let inv = if state.sum > 0.0 {
-            1.0 / state.sum
-        } else {
-            0.0
-        };
-        for (x, f) in o.iter_mut().zip(&state.acc_full) {
-            *x = (*x + f) * inv;
-        }
-    }
+    // Finishing can rotate back (TurboQuant): one head per task.
+    merged
+        .into_par_iter()
+        .zip(out.par_chunks_exact_mut(d))
+        .for_each(|(slot, o)| {
+            let state = slot.expect("every query head has at least one item");
+            view.v_codec.finish(&state.acc_codec, o);
+            let inv = if state.sum > 0.0 {
+                1.0 / state.sum
+            } else {
+                0.0
+            };
+            for (x, f) in o.iter_mut().zip(&state.acc_full) {
+                *x = (*x + f) * inv;
+            }
+        });
 }
 
 /// The query heads of one group: scaled by the softmax factor (for full-precision spans), and
