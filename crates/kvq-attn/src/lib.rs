@@ -3,7 +3,8 @@
 //! Attention over a [`LayerView`] of the compressed cache, for any number of query tokens
 //! (prefill) or one (decode). Scores and the value sum are computed by the codecs' group
 //! kernels on the stored bytes — at most a small L1 tile of rows is decoded at a time, nothing
-//! the size of the cache. The softmax exponentials run in a vector kernel. Work is split over
+//! the size of the cache; the next span's bytes are prefetched into L2 while the current one
+//! is computed. The softmax exponentials run in a vector kernel. Work is split over
 //! (query, KV head, run of context) items on rayon's pool; each item keeps an online-softmax
 //! state, and states of the same query and head are merged at the end.
 //!

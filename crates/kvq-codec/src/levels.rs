@@ -618,8 +618,6 @@ mod avx512 {
         unsafe fn gather_maps(&self, rows: &[u8], n: usize, tile: &mut Tile) {
             let m = self.format.maps;
             let rb = self.format.row_bytes;
-            let unit = _mm512_set1_ps(self.format.table.map_or(1.0, |t| t.unit));
-            let center = _mm512_set1_ps(self.format.center());
             let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
             for block in (0..n).step_by(16) {
                 let mask = first_lanes(n - block);
@@ -627,25 +625,13 @@ mod avx512 {
                     _mm512_add_epi32(lane, _mm512_set1_epi32(block as i32)),
                     _mm512_set1_epi32(rb as i32),
                 );
-                for map in 0..self.maps {
-                    let scale = _mm512_mul_ps(
-                        gather_f16(rows.as_ptr(), offsets, m.scale_at + map * m.stride, mask),
-                        unit,
-                    );
-                    let center_value = match m.min_at {
-                        Some(at) => _mm512_fmadd_ps(
-                            scale,
-                            center,
-                            gather_f16(rows.as_ptr(), offsets, at + map * m.stride, mask),
-                        ),
-                        None => _mm512_setzero_ps(),
+                self.store_maps(block, tile, |k| {
+                    let at = match m.min_at {
+                        Some(min_at) if k >= self.maps => min_at + (k - self.maps) * m.stride,
+                        _ => m.scale_at + k * m.stride,
                     };
-                    for g in map * m.channels / GROUP..(map + 1) * m.channels / GROUP {
-                        let at = g * TILE_ROWS + block;
-                        _mm512_storeu_ps(tile.scales.as_mut_ptr().add(at), scale);
-                        _mm512_storeu_ps(tile.centers.as_mut_ptr().add(at), center_value);
-                    }
-                }
+                    gather_f16(rows.as_ptr(), offsets, at, mask)
+                });
             }
         }
 
@@ -655,9 +641,6 @@ mod avx512 {
             enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2,f16c"
         )]
         unsafe fn regroup_maps(&self, n: usize, tile: &mut Tile) {
-            let m = self.format.maps;
-            let unit = _mm512_set1_ps(self.format.table.map_or(1.0, |t| t.unit));
-            let center = _mm512_set1_ps(self.format.center());
             for block in (0..n).step_by(16) {
                 let p = tile.map_words.as_ptr().add(block * MAP_WORDS) as *const __m512i;
                 let z = [
@@ -666,18 +649,31 @@ mod avx512 {
                     _mm512_loadu_si512(p.add(2) as *const _),
                     _mm512_loadu_si512(p.add(3) as *const _),
                 ];
-                for map in 0..self.maps {
-                    let scale = _mm512_mul_ps(map_word(&z, map), unit);
-                    // `min + scale·center`: the value of the center level.
-                    let center_value = match m.min_at {
-                        Some(_) => _mm512_fmadd_ps(scale, center, map_word(&z, self.maps + map)),
-                        None => _mm512_setzero_ps(),
-                    };
-                    for g in map * m.channels / GROUP..(map + 1) * m.channels / GROUP {
-                        let at = g * TILE_ROWS + block;
-                        _mm512_storeu_ps(tile.scales.as_mut_ptr().add(at), scale);
-                        _mm512_storeu_ps(tile.centers.as_mut_ptr().add(at), center_value);
-                    }
+                self.store_maps(block, tile, |k| map_word(&z, k));
+            }
+        }
+
+        /// Stores the scales and center values of 16 rows from `block` on, given their map
+        /// words as f32 (`word(k)`: the scales of the maps, then their minimums).
+        #[inline]
+        #[target_feature(
+            enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2,f16c"
+        )]
+        unsafe fn store_maps(&self, block: usize, tile: &mut Tile, word: impl Fn(usize) -> __m512) {
+            let m = self.format.maps;
+            let unit = _mm512_set1_ps(self.format.table.map_or(1.0, |t| t.unit));
+            let center = _mm512_set1_ps(self.format.center());
+            for map in 0..self.maps {
+                let scale = _mm512_mul_ps(word(map), unit);
+                // `min + scale·center`: the value of the center level.
+                let center_value = match m.min_at {
+                    Some(_) => _mm512_fmadd_ps(scale, center, word(self.maps + map)),
+                    None => _mm512_setzero_ps(),
+                };
+                for g in map * m.channels / GROUP..(map + 1) * m.channels / GROUP {
+                    let at = g * TILE_ROWS + block;
+                    _mm512_storeu_ps(tile.scales.as_mut_ptr().add(at), scale);
+                    _mm512_storeu_ps(tile.centers.as_mut_ptr().add(at), center_value);
                 }
             }
         }
