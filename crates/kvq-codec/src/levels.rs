@@ -16,7 +16,7 @@
 //!   rows are transposed as 32-bit words, straight from the cache, so that each lane holds one
 //!   row; every 4 codes are then cut out with per-byte bit shifts (`vpmultishiftqb`), and each
 //!   instruction adds 4 channels of 16 rows.
-//! * Sums: per tile of [`TILE_ROWS`] rows, head and group, the weights times the rows' scales
+//! * Sums: per tile of [`TILE_ROWS`] rows, head and map, the weights times the rows' scales
 //!   are rounded to i8 against their largest magnitude. Four rows are interleaved byte-wise so
 //!   that each lane holds one channel of 4 rows: 4-bit streams straight from the cache (both
 //!   nibbles of a byte at once), narrower codes after decoding to bytes.
@@ -35,7 +35,7 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Rows per tile: the weights of a tile share one rounding step per head and group.
+/// Rows per tile: the weights of a tile share one rounding step per head and map.
 pub const TILE_ROWS: usize = 64;
 
 /// Channels that share one query scale, one level map and one weight step.
