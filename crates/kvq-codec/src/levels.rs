@@ -160,6 +160,7 @@ impl LevelFormat {
         // Every map word sits in the row's first 128 bytes, and all fit one record.
         let words_fit = |at: usize| at + (maps - 1) * m.stride + 2 <= self.row_bytes.min(128);
         self.width > 0
+            && self.row_bytes >= 4
             && self.width <= 16 * GROUP
             && self.width.is_multiple_of(64)
             && m.channels.is_multiple_of(GROUP)
@@ -1298,6 +1299,72 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Formats the kernels cannot read are refused, not read out of bounds.
+    #[test]
+    fn unsupported_formats_are_refused() {
+        let packed = LevelFormat {
+            row_bytes: 66,
+            width: 128,
+            codes: CodeLayout::Packed { at: 2, bits: 4 },
+            maps: MapLayout {
+                channels: 128,
+                scale_at: 0,
+                stride: 0,
+                min_at: None,
+                zero: 8.0,
+            },
+            table: None,
+        };
+        assert!(packed.supported());
+        let with = |f: &dyn Fn(&mut LevelFormat)| {
+            let mut format = packed;
+            f(&mut format);
+            format.supported()
+        };
+        assert!(
+            !with(&|f| f.codes = CodeLayout::Packed { at: 2, bits: 8 }),
+            "8-bit codes"
+        );
+        assert!(!with(&|f| f.row_bytes = 65), "codes past the row");
+        assert!(
+            !with(&|f| f.width = 96),
+            "a width of part of a 64-channel chunk"
+        );
+        assert!(
+            !with(&|f| f.maps.channels = 48),
+            "maps over part of a group"
+        );
+        assert!(
+            !with(&|f| f.maps.channels = 256),
+            "a map wider than the row"
+        );
+        assert!(!with(&|f| f.maps.scale_at = 65), "a scale past the row");
+        let many_maps = |f: &mut LevelFormat| {
+            f.maps.channels = 32;
+            f.maps.stride = 4;
+            f.maps.min_at = Some(2);
+            f.row_bytes = 128 + 16;
+            f.codes = CodeLayout::Packed { at: 16, bits: 4 };
+        };
+        assert!(with(&many_maps), "4 scales and 4 minimums fit a record");
+        assert!(
+            !with(&|f| {
+                many_maps(f);
+                f.width = 256;
+                f.row_bytes = 32 + 128;
+                f.codes = CodeLayout::Packed { at: 32, bits: 4 };
+            }),
+            "16 map words do not"
+        );
+        assert!(
+            !with(&|f| {
+                f.maps.scale_at = 130;
+                f.row_bytes = 200;
+            }),
+            "a scale past the first 128 bytes"
+        );
     }
 
     /// Each stream's positions are a permutation of the channels that keeps every group of
