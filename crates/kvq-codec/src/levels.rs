@@ -257,7 +257,7 @@ struct Tile {
     centers: Vec<f32>,
     /// Each row's map words (f16 scales, then minimums), [`MAP_WORDS`] per row.
     map_words: Vec<u16>,
-    /// Rounded weights of the sums, `[head of a pass][group][TILE_ROWS]`.
+    /// Rounded weights of the sums, `[head of a pass][map][TILE_ROWS]`.
     weights: Vec<i8>,
 }
 
@@ -288,8 +288,10 @@ fn for_each_tile(
         tile.scales.resize(groups * TILE_ROWS, 0.0);
         tile.centers.resize(groups * TILE_ROWS, 0.0);
         tile.map_words.resize(TILE_ROWS * MAP_WORDS, 0);
-        tile.weights
-            .resize(avx512::SUM_HEADS * groups * TILE_ROWS, 0);
+        tile.weights.resize(
+            avx512::SUM_HEADS * (format.width / format.maps.channels) * TILE_ROWS,
+            0,
+        );
         if decoder.as_ref().map(avx512::Decoder::format) != Some(format) {
             // SAFETY: `available` checked the CPU.
             *decoder = Some(unsafe { avx512::Decoder::new(format) });
@@ -400,9 +402,6 @@ mod avx512 {
         table: Option<__m512i>,
         permute: __m512i,
         shifts: __m512i,
-        /// Source bytes of 64 codes, and the mask that loads exactly them.
-        chunk_bytes: usize,
-        chunk_load: __mmask64,
         /// Whether the maps are gathered per 16 rows (at most two f16 words per row) rather
         /// than collected per row and regrouped (measured faster from three words on).
         gather: bool,
@@ -472,8 +471,6 @@ mod avx512 {
                     ((j / 8) * b + (j % 8).min(b - 1)) as u8
                 })),
                 shifts: bytes(std::array::from_fn(|j| ((j % 8) * b) as u8)),
-                chunk_bytes: 8 * b,
-                chunk_load: first_bytes(8 * b),
                 gather: maps * (1 + usize::from(m.min_at.is_some())) <= 2,
                 words: bytes(words),
                 row_lo: first_bytes(format.row_bytes),
@@ -568,12 +565,11 @@ mod avx512 {
             }
         }
 
-        /// The byte levels of codes `64c..64c+64` of the packed row at `row`.
+        /// The byte levels of channels `64h..64h+64` of the packed row at `row`.
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-        unsafe fn byte_levels(&self, row: *const u8, c: usize) -> __m512i {
-            let p = row.add(self.stream_at + c * self.chunk_bytes);
-            let src = _mm512_maskz_loadu_epi8(self.chunk_load, p as *const i8);
+        unsafe fn byte_levels(&self, row: *const u8, h: usize) -> __m512i {
+            let src = self.half_stream(row, h / 2, h % 2);
             let placed = _mm512_permutexvar_epi8(self.permute, src);
             let codes = _mm512_and_si512(
                 _mm512_multishift_epi64_epi8(self.shifts, placed),
@@ -867,7 +863,8 @@ mod avx512 {
     /// Per head of a pass and map: the weights' step, `center·Σ codes` (the centering, in
     /// the integer sums) and `Σ w·center_value` (formats with a minimum).
     struct Rounded {
-        /// Groups per map.
+        /// Maps per row, and groups per map.
+        maps: usize,
         per_map: usize,
         steps: [[f32; MAX_GROUPS]; SUM_HEADS],
         centering: [[i32; MAX_GROUPS]; SUM_HEADS],
@@ -923,6 +920,7 @@ mod avx512 {
             // Each head's weights times the rows' scales, rounded against their largest:
             // `round(127·(w/max w)·(scale/max scale))`, one step per head and map.
             let mut rounded = Rounded {
+                maps,
                 per_map,
                 steps: [[0.0; MAX_GROUPS]; SUM_HEADS],
                 centering: [[0; MAX_GROUPS]; SUM_HEADS],
@@ -1001,6 +999,33 @@ mod avx512 {
         _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), v));
     }
 
+    /// Adds one quad of 4 interleaved rows to each head's sums: `parts[0]` and `parts[1]` are
+    /// 16 channels each of group `g`, `parts[2]` and `parts[3]` of group `g + 1`, against the
+    /// heads' rounded weights of rows `4k..4k+4`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+    unsafe fn add_quad<const H: usize>(
+        sums: &mut [[__m512i; 4]; H],
+        parts: &[__m512i; 4],
+        tile: &Tile,
+        rounded: &Rounded,
+        g: usize,
+        k: usize,
+    ) {
+        for (hh, s) in sums.iter_mut().enumerate() {
+            let weights = |g: usize| {
+                let at = (hh * rounded.maps + g / rounded.per_map) * TILE_ROWS + 4 * k;
+                let wq = tile.weights.as_ptr().add(at) as *const i32;
+                _mm512_set1_epi32(std::ptr::read_unaligned(wq))
+            };
+            let (w0, w1) = (weights(g), weights(g + 1));
+            s[0] = _mm512_dpbusd_epi32(s[0], parts[0], w0);
+            s[1] = _mm512_dpbusd_epi32(s[1], parts[1], w0);
+            s[2] = _mm512_dpbusd_epi32(s[2], parts[2], w1);
+            s[3] = _mm512_dpbusd_epi32(s[3], parts[3], w1);
+        }
+    }
+
     /// The integer sums of 4-bit streams, straight from the rows: per 4 rows and 32 stream
     /// bytes (64 channels, loaded with q4_0's two scales in between), the bytes are
     /// interleaved (one byte of 4 rows per lane) and both nibbles cut.
@@ -1016,7 +1041,6 @@ mod avx512 {
         let format = &decoder.format;
         let (w, rb) = (format.width, format.row_bytes);
         let n = rows.len() / rb;
-        let (per_map, maps) = (format.maps.channels / GROUP, w / format.maps.channels);
         let nibble = _mm512_set1_epi8(0x0f);
 
         // Packed codes alternate channels within a byte; q4_0's nibbles are 16 apart.
@@ -1047,18 +1071,7 @@ mod avx512 {
                         decoder.level(_mm512_and_si512(x1, nibble)),
                         decoder.level(_mm512_and_si512(_mm512_srli_epi16::<4>(x1), nibble)),
                     ];
-                    for (hh, s) in sums.iter_mut().enumerate() {
-                        let weights = |g: usize| {
-                            let at = (hh * maps + g / per_map) * TILE_ROWS + 4 * k;
-                            let wq = tile.weights.as_ptr().add(at) as *const i32;
-                            _mm512_set1_epi32(std::ptr::read_unaligned(wq))
-                        };
-                        let (w0, w1) = (weights(g0), weights(g0 + 1));
-                        s[0] = _mm512_dpbusd_epi32(s[0], parts[0], w0);
-                        s[1] = _mm512_dpbusd_epi32(s[1], parts[1], w0);
-                        s[2] = _mm512_dpbusd_epi32(s[2], parts[2], w1);
-                        s[3] = _mm512_dpbusd_epi32(s[3], parts[3], w1);
-                    }
+                    add_quad(&mut sums, &parts, tile, rounded, g0, k);
                 }
                 // Stream byte 16g + l holds channels 32g + 2l, +1 (packed) or 32g + l, +16.
                 for (hh, s) in sums.iter().enumerate() {
@@ -1095,8 +1108,6 @@ mod avx512 {
     ) {
         let (w, rb) = (decoder.format.width, decoder.format.row_bytes);
         let n = rows.len() / rb;
-        let per_map = decoder.format.maps.channels / GROUP;
-        let maps = w / decoder.format.maps.channels;
         let (lo, hi) = (pair_permute(|b| b), pair_permute(|b| 32 + b));
         let acc: [*mut f32; H] = std::array::from_fn(|h| accs[h].as_mut_ptr());
         for half in 0..w / 64 {
@@ -1126,18 +1137,7 @@ mod avx512 {
                     _mm512_unpacklo_epi16(p01b, p23b),
                     _mm512_unpackhi_epi16(p01b, p23b),
                 ];
-                for (hh, s) in sums.iter_mut().enumerate() {
-                    let weights = |g: usize| {
-                        let at = (hh * maps + g / per_map) * TILE_ROWS + 4 * k;
-                        let wq = tile.weights.as_ptr().add(at) as *const i32;
-                        _mm512_set1_epi32(std::ptr::read_unaligned(wq))
-                    };
-                    let (w0, w1) = (weights(2 * half), weights(2 * half + 1));
-                    s[0] = _mm512_dpbusd_epi32(s[0], x[0], w0);
-                    s[1] = _mm512_dpbusd_epi32(s[1], x[1], w0);
-                    s[2] = _mm512_dpbusd_epi32(s[2], x[2], w1);
-                    s[3] = _mm512_dpbusd_epi32(s[3], x[3], w1);
-                }
+                add_quad(&mut sums, &x, tile, rounded, 2 * half, k);
             }
             for (hh, s) in sums.iter().enumerate() {
                 for (x, &sum) in s.iter().enumerate() {

@@ -212,8 +212,9 @@ pub trait Codec: Send + Sync {
         }
     }
     /// How the stored rows hold 8-bit levels, for the integer group kernels ([`levels`]):
-    /// `None` (the default) keeps the float kernels. A codec that returns a supported format
-    /// appends [`levels::quantize_query`]'s slots to its prepared query.
+    /// `None` (the default) keeps the float kernels. A codec returns only a format that is
+    /// [`levels::LevelFormat::supported`], and then appends [`levels::finish_query`]'s slots
+    /// to its prepared query.
     fn level_format(&self) -> Option<levels::LevelFormat> {
         None
     }

@@ -36,11 +36,9 @@ fn for_each_tile<C: Codec + ?Sized>(codec: &C, blocks: &[u8], mut f: impl FnMut(
     });
 }
 
-/// The codec's level format, when the integer kernels can run on it.
+/// The codec's level format (supported by contract), when the CPU runs the integer kernels.
 fn integer_format<C: Codec + ?Sized>(codec: &C) -> Option<crate::levels::LevelFormat> {
-    codec
-        .level_format()
-        .filter(|f| f.supported() && crate::levels::available())
+    codec.level_format().filter(|_| crate::levels::available())
 }
 
 /// [`Codec::score_group`] through decoded tiles.
