@@ -166,6 +166,9 @@ fn attention(a: AttentionArgs) -> Result<()> {
     if a.kv_heads == 0 || !a.q_heads.is_multiple_of(a.kv_heads) {
         bail!("--kv-heads must divide --q-heads");
     }
+    if a.iters == 0 {
+        bail!("--iters must be at least 1");
+    }
     let specs: Vec<KvSpec> =
         a.kv.split(',')
             .map(|s| KvSpec::parse(&s.replace(';', ",")))
@@ -246,7 +249,7 @@ fn attention(a: AttentionArgs) -> Result<()> {
                 "bytes_read": bytes, "gb_per_s": bytes as f64 / s / 1e9,
                 "baseline_bytes_read": base_bytes, "baseline_gb_per_s": base_bytes as f64 / base_s / 1e9,
                 "copy_gb_per_s": copy / 1e9, "threads": rayon::current_num_threads(),
-                "kernels": if a.f32_attention || !kvq_codec::levels::available() { "f32" } else { "int8" },
+                "kernels": if kvq_codec::levels::available() { "int8" } else { "f32" },
             }));
         }
     }
