@@ -2,11 +2,12 @@
 # Runs a kvq command that prints JSON and stores it under bench/results/NAME.json together with
 # the command line, the machine and the date.
 # Usage: scripts/record.sh NAME kvq SUBCOMMAND ARGS... --json
+# KVQ_BIN=PATH KVQ_COMMIT=REV time another build (an A/B against an earlier commit).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 name="$1"; shift
 [ "$1" = "kvq" ] && shift
-bin="$root/target/release/kvq"
+bin="${KVQ_BIN:-$root/target/release/kvq}"
 [ -x "$bin" ] || (cd "$root" && cargo build --release -p kvq-cli)
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
@@ -17,7 +18,7 @@ import json, os, platform, subprocess, sys, datetime
 dest, result, command = sys.argv[1:4]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 mem = next((l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal")), "0")
-commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+commit = os.environ.get("KVQ_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 record = {
     "command": command,
     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -3,8 +3,8 @@
 //! Attention over a [`LayerView`] of the compressed cache, for any number of query tokens
 //! (prefill) or one (decode). Scores and the value sum are computed by the codecs' group
 //! kernels on the stored bytes — at most a small L1 tile of rows is decoded at a time, nothing
-//! the size of the cache; the next span's bytes are prefetched into L2 while the current one
-//! is computed. The softmax exponentials run in a vector kernel. Work is split over
+//! the size of the cache; the kernels prefetch the next span's bytes into L2, a share at a
+//! time, while they compute the current one. The softmax exponentials run in a vector kernel. Work is split over
 //! (query, KV head, run of context) items on rayon's pool; each item keeps an online-softmax
 //! state, and states of the same query and head are merged at the end.
 //!
@@ -12,6 +12,7 @@
 //! KV head. Causality and sliding windows are masks on positions.
 
 use kvq_cache::{LayerView, RowSpan};
+use kvq_codec::simd::Ahead;
 use kvq_codec::Codec;
 use rayon::prelude::*;
 
@@ -239,12 +240,13 @@ fn attend_run(
     let spans = &view.spans[item.spans.clone()];
     for (i, span) in spans.iter().enumerate() {
         // The next span's keys load while this one is scored, its values while this one is
-        // summed (two half bursts: faster than one, measured).
+        // summed, spread over the kernels' rows (the kernels leave the rest to this loop).
         let next = spans.get(i + 1);
-        if let Some(next) = next {
-            kvq_codec::simd::prefetch(next.keys(item.kv_head));
-        }
         let Some((from, to)) = visible(span, pos, params.window) else {
+            if let Some(next) = next {
+                Ahead::new(next.keys(item.kv_head), 1).rest();
+                Ahead::new(next.values(item.kv_head), 1).rest();
+            }
             continue;
         };
         let (k_codec, v_codec, align) = if span.compressed() {
@@ -268,7 +270,9 @@ fn attend_run(
         };
         let mut head_scores: Vec<&mut [f32]> = recycle(score_rows);
         head_scores.extend(scores.chunks_exact_mut(rows));
-        k_codec.score_group(queries, keys, &mut head_scores);
+        let mut ahead = Ahead::new(next.map_or(&[], |n| n.keys(item.kv_head)), rows);
+        k_codec.score_group(queries, keys, &mut head_scores, &mut ahead);
+        ahead.rest();
         for (state, s) in states.iter_mut().zip(head_scores.iter_mut()) {
             s[..from - first].fill(f32::NEG_INFINITY);
             s[to - first..].fill(f32::NEG_INFINITY);
@@ -289,10 +293,9 @@ fn attend_run(
                 st.acc_full.as_mut_slice()
             }
         }));
-        if let Some(next) = next {
-            kvq_codec::simd::prefetch(next.values(item.kv_head));
-        }
-        v_codec.accumulate_group(&weights, values, &mut accs);
+        let mut ahead = Ahead::new(next.map_or(&[], |n| n.values(item.kv_head)), rows);
+        v_codec.accumulate_group(&weights, values, &mut accs, &mut ahead);
+        ahead.rest();
         (weight_rows, acc_rows) = (recycle(weights), recycle(accs));
     }
     states

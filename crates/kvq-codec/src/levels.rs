@@ -32,6 +32,7 @@
 //! The kernels need AVX-512 F/BW/DQ/VNNI/VBMI/VBMI2 ([`available`]); elsewhere, and after
 //! [`set_enabled`]`(false)`, the float kernels run.
 
+use crate::simd::Ahead;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -308,37 +309,41 @@ fn for_each_tile(
 
 /// [`crate::Codec::score_group`] with the integer kernels: `queries[h]` are prepared queries
 /// whose last [`query_slots`] values came from [`quantize_query`].
+/// Prefetches `ahead` as it goes, a share per 16 rows.
 pub fn score_group(
     format: &LevelFormat,
     queries: &[&[f32]],
     blocks: &[u8],
     scores: &mut [&mut [f32]],
+    ahead: &mut Ahead,
 ) {
     #[cfg(target_arch = "x86_64")]
     for_each_tile(format, blocks, |first, rows, tile, decoder| {
         // SAFETY: as in `for_each_tile`; each score row holds the tile's rows.
-        unsafe { avx512::score_tile(tile, decoder, rows, queries, scores, first) };
+        unsafe { avx512::score_tile(tile, decoder, rows, queries, scores, first, ahead) };
     });
 }
 
-/// [`crate::Codec::accumulate_group`] with the integer kernels.
+/// [`crate::Codec::accumulate_group`] with the integer kernels; prefetches `ahead` as it
+/// goes, a share per 4 rows.
 pub fn accumulate_group(
     format: &LevelFormat,
     weights: &[&[f32]],
     blocks: &[u8],
     accs: &mut [&mut [f32]],
+    ahead: &mut Ahead,
 ) {
     #[cfg(target_arch = "x86_64")]
     for_each_tile(format, blocks, |first, rows, tile, decoder| {
         // SAFETY: as in `for_each_tile`; each weight row holds the tile's rows and each
         // accumulator `width` values.
-        unsafe { avx512::accumulate_tile(tile, decoder, rows, first, weights, accs) };
+        unsafe { avx512::accumulate_tile(tile, decoder, rows, first, weights, accs, ahead) };
     });
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{CodeLayout, LevelFormat, Tile, GROUP, MAP_WORDS, QUERY_MAP, TILE_ROWS};
+    use super::{Ahead, CodeLayout, LevelFormat, Tile, GROUP, MAP_WORDS, QUERY_MAP, TILE_ROWS};
     use std::arch::x86_64::*;
 
     /// Heads whose sums one pass keeps in registers.
@@ -753,6 +758,7 @@ mod avx512 {
         queries: &[&[f32]],
         scores: &mut [&mut [f32]],
         first: usize,
+        ahead: &mut Ahead,
     ) {
         let n = rows.len() / decoder.format.row_bytes;
         assert!(queries
@@ -763,18 +769,18 @@ mod avx512 {
             let h1 = queries.len().min(h0 + SCORE_HEADS);
             let (q, s) = (&queries[h0..h1], &mut scores[h0..h1]);
             match (q.len(), decoder.format.code_bits()) {
-                (1, 2) => score_heads::<1, 2>(tile, decoder, rows, q, s, first),
-                (2, 2) => score_heads::<2, 2>(tile, decoder, rows, q, s, first),
-                (3, 2) => score_heads::<3, 2>(tile, decoder, rows, q, s, first),
-                (_, 2) => score_heads::<4, 2>(tile, decoder, rows, q, s, first),
-                (1, 3) => score_heads::<1, 3>(tile, decoder, rows, q, s, first),
-                (2, 3) => score_heads::<2, 3>(tile, decoder, rows, q, s, first),
-                (3, 3) => score_heads::<3, 3>(tile, decoder, rows, q, s, first),
-                (_, 3) => score_heads::<4, 3>(tile, decoder, rows, q, s, first),
-                (1, _) => score_heads::<1, 4>(tile, decoder, rows, q, s, first),
-                (2, _) => score_heads::<2, 4>(tile, decoder, rows, q, s, first),
-                (3, _) => score_heads::<3, 4>(tile, decoder, rows, q, s, first),
-                _ => score_heads::<4, 4>(tile, decoder, rows, q, s, first),
+                (1, 2) => score_heads::<1, 2>(tile, decoder, rows, q, s, first, ahead),
+                (2, 2) => score_heads::<2, 2>(tile, decoder, rows, q, s, first, ahead),
+                (3, 2) => score_heads::<3, 2>(tile, decoder, rows, q, s, first, ahead),
+                (_, 2) => score_heads::<4, 2>(tile, decoder, rows, q, s, first, ahead),
+                (1, 3) => score_heads::<1, 3>(tile, decoder, rows, q, s, first, ahead),
+                (2, 3) => score_heads::<2, 3>(tile, decoder, rows, q, s, first, ahead),
+                (3, 3) => score_heads::<3, 3>(tile, decoder, rows, q, s, first, ahead),
+                (_, 3) => score_heads::<4, 3>(tile, decoder, rows, q, s, first, ahead),
+                (1, _) => score_heads::<1, 4>(tile, decoder, rows, q, s, first, ahead),
+                (2, _) => score_heads::<2, 4>(tile, decoder, rows, q, s, first, ahead),
+                (3, _) => score_heads::<3, 4>(tile, decoder, rows, q, s, first, ahead),
+                _ => score_heads::<4, 4>(tile, decoder, rows, q, s, first, ahead),
             }
         }
     }
@@ -791,6 +797,7 @@ mod avx512 {
         queries: &[&[f32]],
         scores: &mut [&mut [f32]],
         first: usize,
+        ahead: &mut Ahead,
     ) {
         let format = &decoder.format;
         let (w, rb) = (format.width, format.row_bytes);
@@ -802,6 +809,7 @@ mod avx512 {
         let q: [*const f32; H] =
             std::array::from_fn(|h| queries[h][queries[h].len() - slots..].as_ptr());
         for block in (0..n).step_by(16) {
+            ahead.rows(16);
             let mut acc = [_mm512_setzero_ps(); H];
             for c in 0..w.div_ceil(128) {
                 let mut streams = [_mm512_setzero_si512(); 16];
@@ -880,6 +888,7 @@ mod avx512 {
         first: usize,
         weights: &[&[f32]],
         accs: &mut [&mut [f32]],
+        ahead: &mut Ahead,
     ) {
         let format = &decoder.format;
         let (w, n) = (format.width, rows.len() / format.row_bytes);
@@ -966,14 +975,14 @@ mod avx512 {
             }
             let accs = &mut accs[h0..h0 + heads];
             match (heads, format.code_bits()) {
-                (1, 4) => sums_of_nibbles::<1>(tile, decoder, rows, &rounded, accs),
-                (2, 4) => sums_of_nibbles::<2>(tile, decoder, rows, &rounded, accs),
-                (3, 4) => sums_of_nibbles::<3>(tile, decoder, rows, &rounded, accs),
-                (_, 4) => sums_of_nibbles::<4>(tile, decoder, rows, &rounded, accs),
-                (1, _) => sums_of_levels::<1>(tile, decoder, rows, &rounded, accs),
-                (2, _) => sums_of_levels::<2>(tile, decoder, rows, &rounded, accs),
-                (3, _) => sums_of_levels::<3>(tile, decoder, rows, &rounded, accs),
-                _ => sums_of_levels::<4>(tile, decoder, rows, &rounded, accs),
+                (1, 4) => sums_of_nibbles::<1>(tile, decoder, rows, &rounded, accs, ahead),
+                (2, 4) => sums_of_nibbles::<2>(tile, decoder, rows, &rounded, accs, ahead),
+                (3, 4) => sums_of_nibbles::<3>(tile, decoder, rows, &rounded, accs, ahead),
+                (_, 4) => sums_of_nibbles::<4>(tile, decoder, rows, &rounded, accs, ahead),
+                (1, _) => sums_of_levels::<1>(tile, decoder, rows, &rounded, accs, ahead),
+                (2, _) => sums_of_levels::<2>(tile, decoder, rows, &rounded, accs, ahead),
+                (3, _) => sums_of_levels::<3>(tile, decoder, rows, &rounded, accs, ahead),
+                _ => sums_of_levels::<4>(tile, decoder, rows, &rounded, accs, ahead),
             }
         }
     }
@@ -1037,6 +1046,7 @@ mod avx512 {
         rows: &[u8],
         rounded: &Rounded,
         accs: &mut [&mut [f32]],
+        ahead: &mut Ahead,
     ) {
         let format = &decoder.format;
         let (w, rb) = (format.width, format.row_bytes);
@@ -1056,6 +1066,9 @@ mod avx512 {
                 let g0 = 4 * c + 2 * half;
                 let mut sums = [[_mm512_setzero_si512(); 4]; H];
                 for k in 0..n.div_ceil(4) {
+                    if c == 0 && half == 0 {
+                        ahead.rows(4);
+                    }
                     // Rows past the tile repeat its last row, under zero weights.
                     let row = |i: usize| rows.as_ptr().add((4 * k + i).min(n - 1) * rb);
                     let half_stream = |i: usize| decoder.half_stream(row(i), c, half);
@@ -1105,6 +1118,7 @@ mod avx512 {
         rows: &[u8],
         rounded: &Rounded,
         accs: &mut [&mut [f32]],
+        ahead: &mut Ahead,
     ) {
         let (w, rb) = (decoder.format.width, decoder.format.row_bytes);
         let n = rows.len() / rb;
@@ -1113,6 +1127,9 @@ mod avx512 {
         for half in 0..w / 64 {
             let mut sums = [[_mm512_setzero_si512(); 4]; H];
             for k in 0..n.div_ceil(4) {
+                if half == 0 {
+                    ahead.rows(4);
+                }
                 // Rows past the tile repeat its last row, under zero weights.
                 let row = |i: usize| rows.as_ptr().add((4 * k + i).min(n - 1) * rb);
                 let (r0, r1) = (
@@ -1447,7 +1464,13 @@ mod tests {
                 let refs: Vec<&[f32]> = prepared.iter().map(Vec::as_slice).collect();
                 let mut scores = vec![vec![f32::NAN; rows + 3]; heads];
                 let mut outs: Vec<&mut [f32]> = scores.iter_mut().map(|s| &mut s[..rows]).collect();
-                score_group(&format, &refs, &bytes, &mut outs);
+                score_group(
+                    &format,
+                    &refs,
+                    &bytes,
+                    &mut outs,
+                    &mut Ahead::new(&bytes, rows),
+                );
                 for h in 0..heads {
                     let q = &prepared[h][..w];
                     let slots = &prepared[h][prepared[h].len() - query_slots(w)..];
@@ -1514,7 +1537,13 @@ mod tests {
                 let refs: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
                 let mut accs = vec![vec![0.25f32; codec.accumulator_len()]; heads];
                 let mut outs: Vec<&mut [f32]> = accs.iter_mut().map(Vec::as_mut_slice).collect();
-                accumulate_group(&format, &refs, &bytes, &mut outs);
+                accumulate_group(
+                    &format,
+                    &refs,
+                    &bytes,
+                    &mut outs,
+                    &mut Ahead::new(&bytes, rows),
+                );
                 let row = |t: usize| &bytes[t * format.row_bytes..][..format.row_bytes];
                 let center = f64::from(format.center());
                 for h in 0..heads {

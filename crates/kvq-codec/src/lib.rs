@@ -175,8 +175,16 @@ pub trait Codec: Send + Sync {
     /// [`Codec::score`] for several prepared queries at once — the query heads that share one
     /// KV head: `scores[h]` receives the scores of `queries[h]`. The default decodes each row
     /// once, into a small working-space tile, for the whole group ([`tile::score_group`]).
-    fn score_group(&self, queries: &[&[f32]], blocks: &[u8], scores: &mut [&mut [f32]]) {
-        tile::score_group(self, queries, blocks, scores);
+    /// `ahead` holds the bytes the caller reads next: kernels prefetch them as they go, and
+    /// the caller prefetches what they leave ([`simd::Ahead::rest`]).
+    fn score_group(
+        &self,
+        queries: &[&[f32]],
+        blocks: &[u8],
+        scores: &mut [&mut [f32]],
+        ahead: &mut simd::Ahead,
+    ) {
+        tile::score_group(self, queries, blocks, scores, ahead);
     }
     /// Length of the accumulator [`Codec::accumulate`] works in.
     fn accumulator_len(&self) -> usize {
@@ -187,9 +195,16 @@ pub trait Codec: Send + Sync {
     fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]);
     /// [`Codec::accumulate`] for several weight rows at once (one per query head of a group):
     /// `accs[h] += Σ_t weights[h][t]·v_t`. The default goes through decoded tiles, as
-    /// [`Codec::score_group`] does ([`tile::accumulate_group`]).
-    fn accumulate_group(&self, weights: &[&[f32]], blocks: &[u8], accs: &mut [&mut [f32]]) {
-        tile::accumulate_group(self, weights, blocks, accs);
+    /// [`Codec::score_group`] does ([`tile::accumulate_group`]), and prefetches `ahead` as
+    /// it does.
+    fn accumulate_group(
+        &self,
+        weights: &[&[f32]],
+        blocks: &[u8],
+        accs: &mut [&mut [f32]],
+        ahead: &mut simd::Ahead,
+    ) {
+        tile::accumulate_group(self, weights, blocks, accs, ahead);
     }
     /// Width of the rows [`Codec::decode_working`] writes.
     fn working_len(&self) -> usize {

@@ -20,6 +20,7 @@
 //! thresholds (calibration state, not cache contents): the bits per element are exactly the
 //! inner codec's.
 
+use crate::simd::Ahead;
 use crate::{Calibration, Codec, CodecError};
 
 /// An inner codec applied to channel-normalized rows `(x − μ) / σ`; see the module docs.
@@ -169,10 +170,16 @@ impl Codec for ChannelNorm {
         }
     }
 
-    fn score_group(&self, queries: &[&[f32]], blocks: &[u8], scores: &mut [&mut [f32]]) {
+    fn score_group(
+        &self,
+        queries: &[&[f32]],
+        blocks: &[u8],
+        scores: &mut [&mut [f32]],
+        ahead: &mut Ahead,
+    ) {
         let inner_len = self.inner.query_len();
         let inner: Vec<&[f32]> = queries.iter().map(|q| &q[..inner_len]).collect();
-        self.inner.score_group(&inner, blocks, scores);
+        self.inner.score_group(&inner, blocks, scores, ahead);
         for (q, s) in queries.iter().zip(scores.iter_mut()) {
             s.iter_mut().for_each(|x| *x += q[inner_len]);
         }
@@ -182,10 +189,17 @@ impl Codec for ChannelNorm {
         self.inner.accumulator_len() + 1
     }
 
-    fn accumulate_group(&self, weights: &[&[f32]], blocks: &[u8], accs: &mut [&mut [f32]]) {
+    fn accumulate_group(
+        &self,
+        weights: &[&[f32]],
+        blocks: &[u8],
+        accs: &mut [&mut [f32]],
+        ahead: &mut Ahead,
+    ) {
         let inner_len = self.inner.accumulator_len();
         let mut inner: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..inner_len]).collect();
-        self.inner.accumulate_group(weights, blocks, &mut inner);
+        self.inner
+            .accumulate_group(weights, blocks, &mut inner, ahead);
         for (w, a) in weights.iter().zip(accs.iter_mut()) {
             a[inner_len] += w.iter().sum::<f32>();
         }

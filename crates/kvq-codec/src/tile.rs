@@ -5,7 +5,7 @@
 //! [`crate::simd`]. The tile holds at most [`TILE_ROWS`] rows (or one block, if larger) and
 //! stays in the L1 cache; nothing the size of the cache is ever decoded.
 
-use crate::simd::{axpy_rows_group, dot_rows_group, f32_bytes, RowFormat};
+use crate::simd::{axpy_rows_group, dot_rows_group, f32_bytes, Ahead, RowFormat};
 use crate::Codec;
 use std::cell::RefCell;
 
@@ -47,19 +47,27 @@ pub fn score_group<C: Codec + ?Sized>(
     queries: &[&[f32]],
     blocks: &[u8],
     scores: &mut [&mut [f32]],
+    ahead: &mut Ahead,
 ) {
     if let Some(format) = integer_format(codec) {
-        return crate::levels::score_group(&format, queries, blocks, scores);
+        return crate::levels::score_group(&format, queries, blocks, scores, ahead);
     }
     let width = codec.working_len();
     let queries: Vec<&[f32]> = queries.iter().map(|q| &q[..width]).collect();
     for_each_tile(codec, blocks, |first, tile| {
         let rows = tile.len() / width;
+        ahead.rows(rows);
         let mut out: Vec<&mut [f32]> = scores
             .iter_mut()
             .map(|s| &mut s[first..first + rows])
             .collect();
-        dot_rows_group(RowFormat::F32, &queries, f32_bytes(tile), &mut out);
+        dot_rows_group(
+            RowFormat::F32,
+            &queries,
+            f32_bytes(tile),
+            &mut out,
+            &mut Ahead::none(),
+        );
     });
 }
 
@@ -69,15 +77,23 @@ pub fn accumulate_group<C: Codec + ?Sized>(
     weights: &[&[f32]],
     blocks: &[u8],
     accs: &mut [&mut [f32]],
+    ahead: &mut Ahead,
 ) {
     if let Some(format) = integer_format(codec) {
-        return crate::levels::accumulate_group(&format, weights, blocks, accs);
+        return crate::levels::accumulate_group(&format, weights, blocks, accs, ahead);
     }
     let width = codec.working_len();
     let mut accs: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..width]).collect();
     for_each_tile(codec, blocks, |first, tile| {
         let rows = tile.len() / width;
+        ahead.rows(rows);
         let w: Vec<&[f32]> = weights.iter().map(|w| &w[first..first + rows]).collect();
-        axpy_rows_group(RowFormat::F32, &w, f32_bytes(tile), &mut accs);
+        axpy_rows_group(
+            RowFormat::F32,
+            &w,
+            f32_bytes(tile),
+            &mut accs,
+            &mut Ahead::none(),
+        );
     });
 }

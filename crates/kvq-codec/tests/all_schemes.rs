@@ -3,6 +3,7 @@
 //! reconstruction error is within a loose per-scheme bound, NaN/±inf is rejected, the fused
 //! `score` and `accumulate` agree with decode-then-compute, and the bit accounting is exact.
 
+use kvq_codec::simd::Ahead;
 use kvq_codec::{
     build_codec, scheme_names, Calibration, Codec, CodecError, OakenThresholds, Role, SchemeKind,
 };
@@ -377,14 +378,19 @@ fn group_kernels_equal_one_head_at_a_time() {
                 let mut grouped = vec![vec![0f32; rows_n]; heads];
                 let mut s_refs: Vec<&mut [f32]> =
                     grouped.iter_mut().map(Vec::as_mut_slice).collect();
-                codec.score_group(&q_refs, &bytes, &mut s_refs);
+                codec.score_group(
+                    &q_refs,
+                    &bytes,
+                    &mut s_refs,
+                    &mut Ahead::new(&bytes, rows_n),
+                );
                 let weights: Vec<Vec<f32>> = (0..heads)
                     .map(|_| (0..rows_n).map(|_| rng.gen_range(0.0..1.0)).collect())
                     .collect();
                 let w_refs: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
                 let mut accs = vec![vec![0f32; codec.accumulator_len()]; heads];
                 let mut a_refs: Vec<&mut [f32]> = accs.iter_mut().map(Vec::as_mut_slice).collect();
-                codec.accumulate_group(&w_refs, &bytes, &mut a_refs);
+                codec.accumulate_group(&w_refs, &bytes, &mut a_refs, &mut Ahead::none());
                 // The integer kernels round the query and the weights to i8 (kvq_codec::levels):
                 // their results are within the rounding bounds of the exact ones.
                 let integer = codec
