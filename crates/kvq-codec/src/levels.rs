@@ -1008,26 +1008,33 @@ mod avx512 {
         _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), v));
     }
 
+    /// Each head's rounded weights of the tile for groups `g` and `g + 1`, as 4-row words.
+    fn pair_weights<const H: usize>(
+        tile: &Tile,
+        rounded: &Rounded,
+        g: usize,
+    ) -> [[*const i32; 2]; H] {
+        std::array::from_fn(|hh| {
+            [g, g + 1].map(|g| {
+                let at = (hh * rounded.maps + g / rounded.per_map) * TILE_ROWS;
+                tile.weights[at..].as_ptr() as *const i32
+            })
+        })
+    }
+
     /// Adds one quad of 4 interleaved rows to each head's sums: `parts[0]` and `parts[1]` are
     /// 16 channels each of group `g`, `parts[2]` and `parts[3]` of group `g + 1`, against the
-    /// heads' rounded weights of rows `4k..4k+4`.
+    /// heads' rounded weights of rows `4k..4k+4` ([`pair_weights`] of `g`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     unsafe fn add_quad<const H: usize>(
         sums: &mut [[__m512i; 4]; H],
         parts: &[__m512i; 4],
-        tile: &Tile,
-        rounded: &Rounded,
-        g: usize,
+        weights: &[[*const i32; 2]; H],
         k: usize,
     ) {
-        for (hh, s) in sums.iter_mut().enumerate() {
-            let weights = |g: usize| {
-                let at = (hh * rounded.maps + g / rounded.per_map) * TILE_ROWS + 4 * k;
-                let wq = tile.weights.as_ptr().add(at) as *const i32;
-                _mm512_set1_epi32(std::ptr::read_unaligned(wq))
-            };
-            let (w0, w1) = (weights(g), weights(g + 1));
+        for (s, w) in sums.iter_mut().zip(weights) {
+            let [w0, w1] = w.map(|p| _mm512_set1_epi32(std::ptr::read_unaligned(p.add(k))));
             s[0] = _mm512_dpbusd_epi32(s[0], parts[0], w0);
             s[1] = _mm512_dpbusd_epi32(s[1], parts[1], w0);
             s[2] = _mm512_dpbusd_epi32(s[2], parts[2], w1);
@@ -1065,6 +1072,7 @@ mod avx512 {
             for half in 0..halves {
                 let g0 = 4 * c + 2 * half;
                 let mut sums = [[_mm512_setzero_si512(); 4]; H];
+                let weights = pair_weights::<H>(tile, rounded, g0);
                 for k in 0..n.div_ceil(4) {
                     if c == 0 && half == 0 {
                         ahead.rows(4);
@@ -1084,7 +1092,7 @@ mod avx512 {
                         decoder.level(_mm512_and_si512(x1, nibble)),
                         decoder.level(_mm512_and_si512(_mm512_srli_epi16::<4>(x1), nibble)),
                     ];
-                    add_quad(&mut sums, &parts, tile, rounded, g0, k);
+                    add_quad(&mut sums, &parts, &weights, k);
                 }
                 // Stream byte 16g + l holds channels 32g + 2l, +1 (packed) or 32g + l, +16.
                 for (hh, s) in sums.iter().enumerate() {
@@ -1126,6 +1134,7 @@ mod avx512 {
         let acc: [*mut f32; H] = std::array::from_fn(|h| accs[h].as_mut_ptr());
         for half in 0..w / 64 {
             let mut sums = [[_mm512_setzero_si512(); 4]; H];
+            let weights = pair_weights::<H>(tile, rounded, 2 * half);
             for k in 0..n.div_ceil(4) {
                 if half == 0 {
                     ahead.rows(4);
@@ -1154,7 +1163,7 @@ mod avx512 {
                     _mm512_unpacklo_epi16(p01b, p23b),
                     _mm512_unpackhi_epi16(p01b, p23b),
                 ];
-                add_quad(&mut sums, &x, tile, rounded, 2 * half, k);
+                add_quad(&mut sums, &x, &weights, k);
             }
             for (hh, s) in sums.iter().enumerate() {
                 for (x, &sum) in s.iter().enumerate() {
