@@ -11,11 +11,12 @@
 //! A row's codes are read as one *code stream* ([`LevelFormat::stream_channel`] says which
 //! channel each position holds): the packed codes, or q4_0's nibbles with its scales skipped.
 //!
-//! * Scores: the prepared query carries an i8 copy of itself in stream order, one scale per
-//!   32 channels ([`quantize_query`], as llama.cpp's q8_0 activations). The code streams of 16
-//!   rows are transposed as 32-bit words, straight from the cache, so that each lane holds one
-//!   row; every 4 codes are then cut out with per-byte bit shifts (`vpmultishiftqb`), and each
-//!   instruction adds 4 channels of 16 rows.
+//! * Scores: the prepared query carries an i8 copy of itself, one scale per 32 channels
+//!   ([`quantize_query`], as llama.cpp's q8_0 activations), in the order the kernel cuts the
+//!   codes ([`LevelFormat::query_channel`]). The code streams of 16 rows are transposed as
+//!   32-bit words, straight from the cache, so that each lane holds one row; every 4 codes are
+//!   then cut out (a mask and a shift for nibbles, per-byte bit shifts with `vpmultishiftqb`
+//!   for 2 and 3 bits), and each instruction adds 4 channels of 16 rows.
 //! * Sums: per tile of [`TILE_ROWS`] rows, head and map, the weights times the rows' scales
 //!   are rounded to i8 against their largest magnitude. Four rows are interleaved byte-wise so
 //!   that each lane holds one channel of 4 rows: 4-bit streams straight from the cache (both
@@ -136,6 +137,19 @@ impl LevelFormat {
         }
     }
 
+    /// The channel that byte `i` of the i8 query ([`quantize_query`]) multiplies. The score
+    /// kernel takes each group's codes 4 at a time from the stream's 32-bit words: 4
+    /// consecutive positions, but for 4-bit codes the low nibbles of a word's 4 bytes and then
+    /// their high nibbles (positions `8w, 8w+2, 8w+4, 8w+6`, then `8w+1, …`).
+    pub fn query_channel(&self, i: usize) -> usize {
+        let position = if self.code_bits() == 4 {
+            8 * (i / 8) + (i / 4) % 2 + 2 * (i % 4)
+        } else {
+            i
+        };
+        self.stream_channel(position)
+    }
+
     /// The level the kernels center on: the zero level where there is no minimum, the middle
     /// code otherwise. Rounding errors are then proportional to `level − center`.
     pub fn center(&self) -> f32 {
@@ -210,7 +224,7 @@ pub fn query_slots(width: usize) -> usize {
 const QUERY_MAP: usize = 3;
 
 /// Writes the i8 form of `query` (the format's `width` values, in channel order) into `out`
-/// ([`query_slots`] long): the codes in the format's stream order, four to a slot, then for
+/// ([`query_slots`] long): the codes in [`LevelFormat::query_channel`]'s order, four to a slot, then for
 /// each group its scale `σ_g` (largest magnitude / 127), `σ_g·Σ codes` and the exact `Σ q`.
 pub fn quantize_query(format: &LevelFormat, query: &[f32], out: &mut [f32]) {
     let width = query.len();
@@ -227,7 +241,7 @@ pub fn quantize_query(format: &LevelFormat, query: &[f32], out: &mut [f32]) {
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
         let mut sum = 0i32;
         for (i, b) in bs.iter_mut().enumerate() {
-            let x = query[format.stream_channel(g * GROUP + i)];
+            let x = query[format.query_channel(g * GROUP + i)];
             let code = (x * inv).round().clamp(-127.0, 127.0) as i8;
             sum += i32::from(code);
             *b = code as u8;
@@ -525,9 +539,11 @@ mod avx512 {
         }
 
         /// Levels of the 32 codes of group `g` of 16 transposed `B`-bit streams (dwords
-        /// `B·g..B·(g+1)`), 4 codes per vector, one row per 32-bit lane: each 4 codes are cut
-        /// out of their dword (or of it and the next, joined, where they cross) with per-byte
-        /// bit shifts.
+        /// `B·g..B·(g+1)`), 4 codes per vector in [`LevelFormat::query_channel`]'s order, one
+        /// row per 32-bit lane. 4-bit codes are a dword's low nibbles, then its high ones (a
+        /// mask and a shift: these run beside `vpdpbusd`, where byte shuffles compete with
+        /// it, measured); narrower codes are cut 4 at a time out of their dword (or of it and
+        /// the next, joined, where they cross) with per-byte bit shifts.
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
         unsafe fn cut_group<const B: usize>(
@@ -537,6 +553,16 @@ mod avx512 {
         ) -> [__m512i; 8] {
             let mut out = [_mm512_setzero_si512(); 8];
             for (k, o) in out.iter_mut().enumerate() {
+                if B == 4 {
+                    let word = words[4 * g + k / 2];
+                    let codes = if k % 2 == 0 {
+                        word
+                    } else {
+                        _mm512_srli_epi32::<4>(word)
+                    };
+                    *o = self.level(_mm512_and_si512(codes, self.code_mask));
+                    continue;
+                }
                 let offset = 4 * B * k;
                 let (word, within) = (B * g + offset / 32, offset % 32);
                 // Selectors of codes 0..4 of the low row and of the high row of each qword.
@@ -1393,19 +1419,25 @@ mod tests {
         );
     }
 
-    /// Each stream's positions are a permutation of the channels that keeps every group of
-    /// 32 together.
+    /// Each stream's positions, and the query's bytes, are permutations of the channels that
+    /// keep every group of 32 together.
     #[test]
-    fn streams_permute_channels_within_groups() {
+    fn streams_and_queries_permute_channels_within_groups() {
         for (name, _, format, ..) in level_codecs(1) {
-            let mut seen = vec![false; format.width];
-            for i in 0..format.width {
-                let c = format.stream_channel(i);
-                assert_eq!(c / GROUP, i / GROUP, "{name}: position {i}");
-                assert!(
-                    !std::mem::replace(&mut seen[c], true),
-                    "{name}: channel {c} twice"
-                );
+            let orders: [(&str, &dyn Fn(usize) -> usize); 2] = [
+                ("stream", &|i| format.stream_channel(i)),
+                ("query", &|i| format.query_channel(i)),
+            ];
+            for (order, channel) in orders {
+                let mut seen = vec![false; format.width];
+                for i in 0..format.width {
+                    let c = channel(i);
+                    assert_eq!(c / GROUP, i / GROUP, "{name} {order}: position {i}");
+                    assert!(
+                        !std::mem::replace(&mut seen[c], true),
+                        "{name} {order}: channel {c} twice"
+                    );
+                }
             }
         }
     }
@@ -1437,7 +1469,7 @@ mod tests {
             assert_eq!(slots[33 + 3 * g], sigma * sum as f32);
             assert_eq!(slots[34 + 3 * g], xs.iter().sum::<f32>());
             for (i, &c) in codes[32 * g..32 * (g + 1)].iter().enumerate() {
-                let x = q[format.stream_channel(32 * g + i)];
+                let x = q[format.query_channel(32 * g + i)];
                 assert!(
                     (x - sigma * f32::from(c)).abs() <= sigma / 2.0 * 1.0001,
                     "{x} {c} {sigma}"
@@ -1488,7 +1520,7 @@ mod tests {
                         .iter()
                         .flat_map(|s| s.to_bits().to_le_bytes());
                     for (i, b) in stream.enumerate() {
-                        codes[format.stream_channel(i)] = b as i8;
+                        codes[format.query_channel(i)] = b as i8;
                     }
                     let center = f64::from(format.center());
                     for (t, row) in bytes.chunks_exact(format.row_bytes).enumerate() {
