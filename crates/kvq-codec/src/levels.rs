@@ -975,6 +975,7 @@ mod avx512 {
                 } else {
                     0.0
                 });
+                let levels: [__m512; VECTORS] = wv.map(|x| _mm512_mul_ps(x, to_levels));
                 for g in 0..maps {
                     rounded.steps[hh][g] = largest_weight * largest_scale[g] / 127.0;
                     let mut code_sum = _mm512_setzero_si512();
@@ -985,9 +986,8 @@ mod avx512 {
                             let value = _mm512_loadu_ps(tile.centers.as_ptr().add(at));
                             center_sum = _mm512_fmadd_ps(x, value, center_sum);
                         }
-                        let scaled =
-                            _mm512_mul_ps(_mm512_mul_ps(x, to_levels), relative_scales[g][i]);
-                        let codes = _mm512_cvtps_epi32(scaled);
+                        let codes =
+                            _mm512_cvtps_epi32(_mm512_mul_ps(levels[i], relative_scales[g][i]));
                         code_sum = _mm512_add_epi32(code_sum, codes);
                         let out = tile
                             .weights
