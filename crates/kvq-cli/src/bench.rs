@@ -63,6 +63,9 @@ struct AttentionArgs {
     /// Sequences per batch, comma-separated (`--device cuda` only)
     #[arg(long, default_value = "1", value_delimiter = ',')]
     batch: Vec<usize>,
+    /// Tokens per cache page (CPU) [default: 64]
+    #[arg(long, value_name = "TOKENS")]
+    page_tokens: Option<usize>,
 }
 
 #[derive(clap::Args)]
@@ -116,10 +119,18 @@ pub fn copy_bandwidth() -> f64 {
 }
 
 /// A one-layer cache of `ctx` random tokens.
-fn synthetic_cache(spec: KvSpec, shape: LayerShape, ctx: usize, seed: u64) -> Result<KvCache> {
+fn synthetic_cache(
+    spec: KvSpec,
+    shape: LayerShape,
+    ctx: usize,
+    seed: u64,
+    page_tokens: Option<usize>,
+) -> Result<KvCache> {
+    let defaults = CacheOptions::default();
     let options = CacheOptions {
         max_append_tokens: 1024,
-        ..CacheOptions::default()
+        page_tokens: page_tokens.unwrap_or(defaults.page_tokens),
+        ..defaults
     };
     let mut cal = Calibration::default();
     if matches!(spec.k, kvq_codec::SchemeKind::Oaken)
@@ -210,7 +221,7 @@ fn attention(a: AttentionArgs) -> Result<()> {
             .collect();
         let caches: Vec<KvCache> = all
             .iter()
-            .map(|&spec| synthetic_cache(spec, shape, ctx, 1))
+            .map(|&spec| synthetic_cache(spec, shape, ctx, 1, a.page_tokens))
             .collect::<Result<_>>()?;
         let views: Vec<_> = caches
             .iter()
@@ -250,6 +261,7 @@ fn attention(a: AttentionArgs) -> Result<()> {
                 "baseline_bytes_read": base_bytes, "baseline_gb_per_s": base_bytes as f64 / base_s / 1e9,
                 "copy_gb_per_s": copy / 1e9, "threads": rayon::current_num_threads(),
                 "kernels": if kvq_codec::levels::available() { "int8" } else { "f32" },
+                "page_tokens": a.page_tokens.unwrap_or(CacheOptions::default().page_tokens),
             }));
         }
     }
