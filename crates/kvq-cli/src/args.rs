@@ -228,19 +228,13 @@ impl CacheArgs {
                 vec![spec.k, spec.v]
             }
         };
-        let kivi_group = kinds
-            .iter()
-            .filter_map(|k| match *k {
-                SchemeKind::Kivi { group, .. } => Some(usize::from(group)),
-                _ => None,
-            })
-            .max();
+        let kivi_group = kivi_group(&kinds);
         let hot_window = self
             .hot_window
             .unwrap_or(if kivi_group.is_some() { 128 } else { 0 });
         let page_tokens = self
             .page_tokens
-            .unwrap_or_else(|| kivi_group.unwrap_or(0).max(64));
+            .unwrap_or_else(|| default_page_tokens(&kinds));
         if page_tokens == 0 {
             bail!("--page-tokens must be positive");
         }
@@ -252,4 +246,20 @@ impl CacheArgs {
             seed: self.rotation_seed,
         })
     }
+}
+
+/// The largest key block of the KIVI schemes among `kinds`, if any.
+fn kivi_group(kinds: &[SchemeKind]) -> Option<usize> {
+    kinds
+        .iter()
+        .filter_map(|k| match *k {
+            SchemeKind::Kivi { group, .. } => Some(usize::from(group)),
+            _ => None,
+        })
+        .max()
+}
+
+/// Tokens per page when none are given: 64, or the key block of a KIVI -g128 scheme.
+pub fn default_page_tokens(kinds: &[SchemeKind]) -> usize {
+    kivi_group(kinds).unwrap_or(0).max(64)
 }

@@ -63,7 +63,7 @@ struct AttentionArgs {
     /// Sequences per batch, comma-separated (`--device cuda` only)
     #[arg(long, default_value = "1", value_delimiter = ',')]
     batch: Vec<usize>,
-    /// Tokens per cache page (CPU) [default: 64]
+    /// Tokens per cache page (CPU) [default: 64, or the key block of a KIVI -g128 scheme]
     #[arg(long, value_name = "TOKENS")]
     page_tokens: Option<usize>,
 }
@@ -129,7 +129,8 @@ fn synthetic_cache(
     let defaults = CacheOptions::default();
     let options = CacheOptions {
         max_append_tokens: 1024,
-        page_tokens: page_tokens.unwrap_or(defaults.page_tokens),
+        page_tokens: page_tokens
+            .unwrap_or_else(|| crate::args::default_page_tokens(&[spec.k, spec.v])),
         ..defaults
     };
     let mut cal = Calibration::default();
@@ -261,7 +262,7 @@ fn attention(a: AttentionArgs) -> Result<()> {
                 "baseline_bytes_read": base_bytes, "baseline_gb_per_s": base_bytes as f64 / base_s / 1e9,
                 "copy_gb_per_s": copy / 1e9, "threads": rayon::current_num_threads(),
                 "kernels": if kvq_codec::levels::available() { "int8" } else { "f32" },
-                "page_tokens": a.page_tokens.unwrap_or(CacheOptions::default().page_tokens),
+                "page_tokens": a.page_tokens.unwrap_or_else(|| crate::args::default_page_tokens(&[spec.k, spec.v])),
             }));
         }
     }

@@ -30,6 +30,10 @@
 //! uses the nearest i8 table ([`LevelTable::nearest`]): each value moves by at most half a
 //! table unit times its scale.
 //!
+//! Blocks that keep one map per channel for many rows (KIVI's keys, [`ChannelBlocks`]) are
+//! scored the same way after folding each block's scales into the query
+//! ([`score_channel_blocks`]); their sums keep the float kernels.
+//!
 //! The kernels need AVX-512 F/BW/DQ/VNNI/VBMI/VBMI2 ([`available`]); elsewhere, and after
 //! [`set_enabled`]`(false)`, the float kernels run.
 
@@ -188,6 +192,63 @@ impl LevelFormat {
     }
 }
 
+/// Blocks of `tokens` rows of packed `bits`-bit codes that share one affine map per channel,
+/// kept before the rows as little-endian f16 pairs `(scale, minimum)`, one per channel:
+/// `value = scale·code + minimum` (KIVI's keys, [`crate::Codec::channel_blocks`]).
+///
+/// Scores fold each block's scales into the query, `q'_c = q_c·scale_c`, round `q'` to i8
+/// (one step per 32 channels, as [`quantize_query`]) and run the score kernel on the rows
+/// with unit row scales; `Σ_c q_c·(minimum_c + scale_c·center)` is added per block. A score
+/// then differs from the exact one by at most `Σ_c σ'_g/2·|code_c − center|`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChannelBlocks {
+    /// Channels per row.
+    pub width: usize,
+    /// Code width (2 to 4).
+    pub bits: u32,
+    /// Rows per block.
+    pub tokens: usize,
+}
+
+impl ChannelBlocks {
+    /// Bytes of the maps before a block's rows.
+    pub fn header_bytes(&self) -> usize {
+        4 * self.width
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(&self) -> usize {
+        self.header_bytes() + self.tokens * self.rows().row_bytes
+    }
+
+    /// The rows as the score kernel reads them: packed codes under unit maps centered on the
+    /// middle code (the maps are never read: the kernel's row scales are set to 1).
+    pub fn rows(&self) -> LevelFormat {
+        LevelFormat {
+            row_bytes: self.width / 8 * self.bits as usize,
+            width: self.width,
+            codes: CodeLayout::Packed {
+                at: 0,
+                bits: self.bits,
+            },
+            maps: MapLayout {
+                channels: self.width,
+                scale_at: 0,
+                stride: 0,
+                min_at: None,
+                zero: (1u32 << self.bits.saturating_sub(1)) as f32,
+            },
+            table: None,
+        }
+    }
+
+    /// Whether the kernels take these blocks: 2- to 4-bit codes in rows the score kernel
+    /// reads ([`LevelFormat::supported`]).
+    pub fn supported(&self) -> bool {
+        matches!(self.bits, 2..=4) && self.tokens > 0 && self.rows().supported()
+    }
+}
+
 static ENABLED: AtomicBool = AtomicBool::new(true);
 
 /// Turns the integer kernels on or off for the whole process (`kvq --f32-attention`).
@@ -276,16 +337,55 @@ struct Tile {
     weights: Vec<i8>,
 }
 
-/// A thread's tile and the decoder of the last format it read.
+/// A thread's tile, the decoders of the last few formats it read (keys and values usually
+/// differ), and the i8 queries of a block of per-channel maps.
 #[derive(Default)]
 struct Scratch {
     tile: Tile,
     #[cfg(target_arch = "x86_64")]
-    decoder: Option<avx512::Decoder>,
+    decoders: Vec<avx512::Decoder>,
+    block_queries: Vec<f32>,
 }
+
+/// Decoders a thread keeps.
+const DECODERS: usize = 4;
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Calls `f(tile, decoder, block_queries)` with the thread's scratch sized for `format`.
+#[cfg(target_arch = "x86_64")]
+fn with_scratch<R>(
+    format: &LevelFormat,
+    f: impl FnOnce(&mut Tile, &avx512::Decoder, &mut Vec<f32>) -> R,
+) -> R {
+    assert!(available() && format.supported());
+    SCRATCH.with(|scratch| {
+        let Scratch {
+            tile,
+            decoders,
+            block_queries,
+        } = &mut *scratch.borrow_mut();
+        let groups = format.width / GROUP;
+        tile.scales.resize(groups * TILE_ROWS, 0.0);
+        tile.centers.resize(groups * TILE_ROWS, 0.0);
+        tile.map_words.resize(TILE_ROWS * MAP_WORDS, 0);
+        tile.weights.resize(
+            avx512::SUM_HEADS * (format.width / format.maps.channels) * TILE_ROWS,
+            0,
+        );
+        let known = decoders.iter().position(|d| d.format() == format);
+        let at = known.unwrap_or_else(|| {
+            if decoders.len() == DECODERS {
+                decoders.remove(0);
+            }
+            // SAFETY: `available` checked the CPU.
+            decoders.push(unsafe { avx512::Decoder::new(format) });
+            decoders.len() - 1
+        });
+        f(tile, &decoders[at], block_queries)
+    })
 }
 
 /// Calls `f(first_row, rows, tile, decoder)` for consecutive tiles of `blocks` (whole rows),
@@ -296,22 +396,7 @@ fn for_each_tile(
     blocks: &[u8],
     mut f: impl FnMut(usize, &[u8], &mut Tile, &avx512::Decoder),
 ) {
-    assert!(available() && format.supported());
-    SCRATCH.with(|scratch| {
-        let Scratch { tile, decoder } = &mut *scratch.borrow_mut();
-        let groups = format.width / GROUP;
-        tile.scales.resize(groups * TILE_ROWS, 0.0);
-        tile.centers.resize(groups * TILE_ROWS, 0.0);
-        tile.map_words.resize(TILE_ROWS * MAP_WORDS, 0);
-        tile.weights.resize(
-            avx512::SUM_HEADS * (format.width / format.maps.channels) * TILE_ROWS,
-            0,
-        );
-        if decoder.as_ref().map(avx512::Decoder::format) != Some(format) {
-            // SAFETY: `available` checked the CPU.
-            *decoder = Some(unsafe { avx512::Decoder::new(format) });
-        }
-        let decoder = decoder.as_ref().expect("set above");
+    with_scratch(format, |tile, decoder, _| {
         for (i, rows) in blocks.chunks(TILE_ROWS * format.row_bytes).enumerate() {
             // SAFETY: the format is supported, so every row holds its codes and maps, and the
             // tile is sized for the width.
@@ -332,10 +417,85 @@ pub fn score_group(
     ahead: &mut Ahead,
 ) {
     #[cfg(target_arch = "x86_64")]
-    for_each_tile(format, blocks, |first, rows, tile, decoder| {
-        // SAFETY: as in `for_each_tile`; each score row holds the tile's rows.
-        unsafe { avx512::score_tile(tile, decoder, rows, queries, scores, first, ahead) };
-    });
+    {
+        let slots = query_slots(format.width);
+        assert!(queries.iter().all(|q| q.len() >= slots));
+        let slot = |h: usize| queries[h][queries[h].len() - slots..].as_ptr();
+        for_each_tile(format, blocks, |first, rows, tile, decoder| {
+            // SAFETY: as in `for_each_tile`; each score row holds the tile's rows, and each
+            // query its slots.
+            unsafe {
+                avx512::score_tile(
+                    tile,
+                    decoder,
+                    rows,
+                    &slot,
+                    queries.len(),
+                    scores,
+                    first,
+                    ahead,
+                )
+            };
+        });
+    }
+}
+
+/// [`crate::Codec::score_group`] with the integer kernels for [`ChannelBlocks`]: `queries[h]`
+/// begins with the query itself (`width` values). Prefetches `ahead` as it goes.
+pub fn score_channel_blocks(
+    layout: &ChannelBlocks,
+    queries: &[&[f32]],
+    blocks: &[u8],
+    scores: &mut [&mut [f32]],
+    ahead: &mut Ahead,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let rows_format = layout.rows();
+        let (w, heads, header) = (layout.width, queries.len(), layout.header_bytes());
+        let slots = query_slots(w);
+        assert!(layout.supported() && queries.iter().all(|q| q.len() >= w));
+        assert!(scores
+            .iter()
+            .all(|s| s.len() * layout.block_bytes() >= blocks.len() * layout.tokens));
+        // The byte of each group's i8 query that holds each channel.
+        let order: [u8; GROUP] = std::array::from_fn(|i| rows_format.query_channel(i) as u8);
+        with_scratch(&rows_format, |tile, decoder, block_queries| {
+            tile.scales.fill(1.0);
+            block_queries.resize(heads * slots, 0.0);
+            let mut biases = vec![0f32; heads];
+            for (b, block) in blocks.chunks_exact(layout.block_bytes()).enumerate() {
+                let (maps, rows) = block.split_at(header);
+                // SAFETY: the CPU has the kernels (`with_scratch`); `maps` holds `width`
+                // pairs and each query `width` values.
+                unsafe {
+                    avx512::channel_queries(
+                        maps,
+                        rows_format.center(),
+                        queries,
+                        &order,
+                        block_queries,
+                        &mut biases,
+                    )
+                };
+                let slot = |h: usize| block_queries[h * slots..].as_ptr();
+                for (i, tile_rows) in rows.chunks(TILE_ROWS * rows_format.row_bytes).enumerate() {
+                    let first = b * layout.tokens + i * TILE_ROWS;
+                    // SAFETY: as in `score_group`, with the row scales set to 1.
+                    unsafe {
+                        avx512::score_tile(
+                            tile, decoder, tile_rows, &slot, heads, scores, first, ahead,
+                        )
+                    };
+                }
+                for (s, bias) in scores.iter_mut().zip(&biases) {
+                    s[b * layout.tokens..][..layout.tokens]
+                        .iter_mut()
+                        .for_each(|x| *x += bias);
+                }
+            }
+        });
+    }
 }
 
 /// [`crate::Codec::accumulate_group`] with the integer kernels; prefetches `ahead` as it
@@ -359,6 +519,7 @@ pub fn accumulate_group(
 mod avx512 {
     use super::{Ahead, CodeLayout, LevelFormat, Tile, GROUP, MAP_WORDS, QUERY_MAP, TILE_ROWS};
     use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
 
     /// Heads whose sums one pass keeps in registers.
     pub const SUM_HEADS: usize = 4;
@@ -743,6 +904,74 @@ mod avx512 {
         _mm512_cvtph_ps(halves)
     }
 
+    /// The i8 queries of one block of per-channel maps ([`super::ChannelBlocks`], `maps` its
+    /// `(scale, minimum)` pairs): per head, `q'_c = q_c·scale_c` rounded to i8 per 32
+    /// channels (to nearest, ties to even) into the head's [`super::query_slots`] in `out`
+    /// (byte `i` of each group holding channel `order[i]`; then `σ`, `σ·Σ codes` and 0 per
+    /// group), and `Σ_c q_c·(minimum_c + scale_c·center)` into `biases[h]`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2,f16c")]
+    pub unsafe fn channel_queries(
+        maps: &[u8],
+        center: f32,
+        queries: &[&[f32]],
+        order: &[u8; GROUP],
+        out: &mut [f32],
+        biases: &mut [f32],
+    ) {
+        let w = maps.len() / 4;
+        let slots = super::query_slots(w);
+        assert!(w.is_multiple_of(GROUP) && w <= MAX_GROUPS * GROUP);
+        assert!(out.len() >= queries.len() * slots && biases.len() >= queries.len());
+        assert!(queries.iter().all(|q| q.len() >= w));
+        // Scales and minimums of 16 channels per vector (uninitialized: zeroing them costs
+        // more than the block's scores at 32 rows).
+        let mut scales = [MaybeUninit::<__m512>::uninit(); 2 * MAX_GROUPS];
+        let mut mins = scales;
+        for j in 0..w / 16 {
+            let pairs = _mm512_loadu_si512(maps.as_ptr().add(64 * j) as *const _);
+            scales[j].write(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(pairs)));
+            mins[j].write(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<
+                16,
+            >(pairs))));
+        }
+        let mut idx = [0u8; 64];
+        idx[..GROUP].copy_from_slice(order);
+        let idx = _mm512_loadu_si512(idx.as_ptr() as *const _);
+        let center = _mm512_set1_ps(center);
+        for (h, q) in queries.iter().enumerate() {
+            let slot = out.as_mut_ptr().add(h * slots);
+            let mut bias = _mm512_setzero_ps();
+            for g in 0..w / GROUP {
+                let mut scaled = [_mm512_setzero_ps(); 2];
+                let mut largest = _mm512_setzero_ps();
+                for (k, s) in scaled.iter_mut().enumerate() {
+                    let j = 2 * g + k;
+                    let x = _mm512_loadu_ps(q.as_ptr().add(16 * j));
+                    *s = _mm512_mul_ps(x, scales[j].assume_init());
+                    bias = _mm512_fmadd_ps(x, mins[j].assume_init(), bias);
+                    bias = _mm512_fmadd_ps(*s, center, bias);
+                    largest = _mm512_max_ps(largest, _mm512_abs_ps(*s));
+                }
+                let sigma = _mm512_reduce_max_ps(largest) / 127.0;
+                let inv = _mm512_set1_ps(if sigma > 0.0 { 1.0 / sigma } else { 0.0 });
+                let codes = scaled.map(|s| _mm512_cvtps_epi32(_mm512_mul_ps(s, inv)));
+                let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(codes[0], codes[1]));
+                let bytes = _mm256_inserti128_si256::<1>(
+                    _mm256_castsi128_si256(_mm512_cvtepi32_epi8(codes[0])),
+                    _mm512_cvtepi32_epi8(codes[1]),
+                );
+                let placed = _mm512_permutexvar_epi8(idx, _mm512_castsi256_si512(bytes));
+                let at = (slot as *mut u8).add(GROUP * g);
+                _mm256_storeu_si256(at as *mut _, _mm512_castsi512_si256(placed));
+                let map = slot.add(w / 4 + QUERY_MAP * g);
+                *map = sigma;
+                *map.add(1) = sigma * sum as f32;
+                *map.add(2) = 0.0;
+            }
+            biases[h] = _mm512_reduce_add_ps(bias);
+        }
+    }
+
     /// Transposes 16 rows of 16 i32 lanes: lane `r` of output `j` is lane `j` of input `r`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
@@ -774,26 +1003,27 @@ mod avx512 {
         out
     }
 
-    /// Scores of the tile's rows for every prepared query (its i8 form in its last slots),
-    /// into `scores[h][first..]`.
+    /// Scores of the tile's rows for `heads` i8 queries (`slot(h)` points to head `h`'s
+    /// [`super::query_slots`] values), into `scores[h][first..]`.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     pub unsafe fn score_tile(
         tile: &Tile,
         decoder: &Decoder,
         rows: &[u8],
-        queries: &[&[f32]],
+        slot: &dyn Fn(usize) -> *const f32,
+        heads: usize,
         scores: &mut [&mut [f32]],
         first: usize,
         ahead: &mut Ahead,
     ) {
         let n = rows.len() / decoder.format.row_bytes;
-        assert!(queries
-            .iter()
-            .all(|q| q.len() >= super::query_slots(decoder.format.width)));
+        assert!(scores.len() >= heads);
         assert!(scores.iter().all(|s| s.len() >= first + n) && n <= TILE_ROWS);
-        for h0 in (0..queries.len()).step_by(SCORE_HEADS) {
-            let h1 = queries.len().min(h0 + SCORE_HEADS);
-            let (q, s) = (&queries[h0..h1], &mut scores[h0..h1]);
+        for h0 in (0..heads).step_by(SCORE_HEADS) {
+            let h1 = heads.min(h0 + SCORE_HEADS);
+            let q: [*const f32; SCORE_HEADS] = std::array::from_fn(|h| slot((h0 + h).min(h1 - 1)));
+            let (q, s) = (&q[..h1 - h0], &mut scores[h0..h1]);
             match (q.len(), decoder.format.code_bits()) {
                 (1, 2) => score_heads::<1, 2>(tile, decoder, rows, q, s, first, ahead),
                 (2, 2) => score_heads::<2, 2>(tile, decoder, rows, q, s, first, ahead),
@@ -820,7 +1050,7 @@ mod avx512 {
         tile: &Tile,
         decoder: &Decoder,
         rows: &[u8],
-        queries: &[&[f32]],
+        slots: &[*const f32],
         scores: &mut [&mut [f32]],
         first: usize,
         ahead: &mut Ahead,
@@ -830,10 +1060,7 @@ mod avx512 {
         let n = rows.len() / rb;
         let center = format.center();
         let has_min = format.maps.min_at.is_some();
-        // The i8 query: the last slots of each prepared query.
-        let slots = super::query_slots(w);
-        let q: [*const f32; H] =
-            std::array::from_fn(|h| queries[h][queries[h].len() - slots..].as_ptr());
+        let q: [*const f32; H] = std::array::from_fn(|h| slots[h]);
         for block in (0..n).step_by(16) {
             ahead.rows(16);
             let mut acc = [_mm512_setzero_ps(); H];
@@ -1287,6 +1514,109 @@ mod tests {
             }
         }
         out
+    }
+
+    /// Per-channel blocks: the scores equal the integer algorithm written plainly (the scaled
+    /// query rounded per block, ties to even) and are within `Σ_c σ'_g/2·|code_c − center|` of
+    /// the exact dot with the decoded keys.
+    #[test]
+    fn channel_block_scores_match_the_plain_algorithm_and_the_rounding_bound() {
+        if !available() {
+            eprintln!("no AVX-512 VNNI/VBMI here: the integer kernels are not used");
+            return;
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(12);
+        let mut checked = 0;
+        for name in ["kivi4", "kivi2", "kivi4-g128", "kivi2-g64"] {
+            for head_dim in [64, 128, 256] {
+                let kind = SchemeKind::parse(name).unwrap();
+                let codec =
+                    build_codec(kind, Role::Key, head_dim, &Calibration::default(), 0).unwrap();
+                let layout = codec
+                    .channel_blocks()
+                    .expect("KIVI keys have channel blocks");
+                let blocks = 3;
+                let rows = blocks * layout.tokens;
+                let values: Vec<f32> = (0..rows * head_dim)
+                    .map(|i| rng.gen_range(-1.0..1.0f32) * (1 + i % 7) as f32)
+                    .collect();
+                let mut bytes = vec![0u8; blocks * codec.block_bytes()];
+                for (v, b) in values
+                    .chunks_exact(layout.tokens * head_dim)
+                    .zip(bytes.chunks_exact_mut(codec.block_bytes()))
+                {
+                    codec.encode(v, b).unwrap();
+                }
+                let mut keys = vec![0f32; rows * head_dim];
+                for (b, k) in bytes
+                    .chunks_exact(codec.block_bytes())
+                    .zip(keys.chunks_exact_mut(layout.tokens * head_dim))
+                {
+                    codec.decode(b, k);
+                }
+                let heads = 1 + checked % 6;
+                let queries: Vec<Vec<f32>> = (0..heads)
+                    .map(|_| (0..head_dim).map(|_| rng.gen_range(-1.0..1.0)).collect())
+                    .collect();
+                let refs: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+                let mut scores = vec![vec![0f32; rows]; heads];
+                let mut outs: Vec<&mut [f32]> = scores.iter_mut().map(Vec::as_mut_slice).collect();
+                score_channel_blocks(&layout, &refs, &bytes, &mut outs, &mut Ahead::none());
+                let center = f64::from(layout.rows().center());
+                for (b, block) in bytes.chunks_exact(layout.block_bytes()).enumerate() {
+                    let f16_at = |at: usize| {
+                        f64::from(f16::from_le_bytes([block[at], block[at + 1]]).to_f32())
+                    };
+                    let (scales, mins): (Vec<f64>, Vec<f64>) = (0..head_dim)
+                        .map(|c| (f16_at(4 * c), f16_at(4 * c + 2)))
+                        .unzip();
+                    let rows_at = layout.header_bytes();
+                    for (h, q) in queries.iter().enumerate() {
+                        // The plain algorithm: q' = q·scale, i8 per group, centered codes.
+                        let scaled: Vec<f32> =
+                            (0..head_dim).map(|c| q[c] * scales[c] as f32).collect();
+                        let steps: Vec<f32> = scaled
+                            .chunks_exact(GROUP)
+                            .map(|g| g.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0)
+                            .collect();
+                        let q8: Vec<f64> = (0..head_dim)
+                            .map(|c| {
+                                let s = steps[c / GROUP];
+                                let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+                                f64::from((scaled[c] * inv).round_ties_even())
+                            })
+                            .collect();
+                        let bias: f64 = (0..head_dim)
+                            .map(|c| f64::from(q[c]) * (mins[c] + scales[c] * center))
+                            .sum();
+                        for t in 0..layout.tokens {
+                            let row = &block[rows_at + t * layout.rows().row_bytes..];
+                            let (mut plain, mut exact, mut bound) = (bias, 0f64, 0f64);
+                            for c in 0..head_dim {
+                                let code = f64::from(crate::bits::get(row, layout.bits, c));
+                                let step = f64::from(steps[c / GROUP]);
+                                plain += step * q8[c] * (code - center);
+                                exact += f64::from(q[c])
+                                    * f64::from(keys[(b * layout.tokens + t) * head_dim + c]);
+                                bound += step / 2.0 * (code - center).abs();
+                            }
+                            let got = f64::from(scores[h][b * layout.tokens + t]);
+                            let tol = 1e-4 * (1.0 + plain.abs());
+                            assert!(
+                                (got - plain).abs() <= tol,
+                                "{name} d{head_dim} head {h} row {t}: {got} vs plain {plain}"
+                            );
+                            assert!(
+                                (got - exact).abs() <= 1.001 * bound + tol,
+                                "{name} d{head_dim}: {got} vs exact {exact}, bound {bound}"
+                            );
+                        }
+                    }
+                }
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 12);
     }
 
     #[test]

@@ -186,6 +186,11 @@ pub trait Codec: Send + Sync {
     ) {
         tile::score_group(self, queries, blocks, scores, ahead);
     }
+    /// How the codec's blocks keep per-channel maps for the integer score kernels
+    /// ([`levels::ChannelBlocks`]; only supported ones), if they do.
+    fn channel_blocks(&self) -> Option<levels::ChannelBlocks> {
+        None
+    }
     /// Length of the accumulator [`Codec::accumulate`] works in.
     fn accumulator_len(&self) -> usize {
         self.head_dim()

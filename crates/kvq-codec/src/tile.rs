@@ -52,6 +52,12 @@ pub fn score_group<C: Codec + ?Sized>(
     if let Some(format) = integer_format(codec) {
         return crate::levels::score_group(&format, queries, blocks, scores, ahead);
     }
+    if let Some(layout) = codec
+        .channel_blocks()
+        .filter(|_| crate::levels::available())
+    {
+        return crate::levels::score_channel_blocks(&layout, queries, blocks, scores, ahead);
+    }
     let width = codec.working_len();
     let queries: Vec<&[f32]> = queries.iter().map(|q| &q[..width]).collect();
     for_each_tile(codec, blocks, |first, tile| {

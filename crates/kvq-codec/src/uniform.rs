@@ -31,7 +31,7 @@
 //! Values must fit in f16 (`|x| ≤ 65504`); larger ones cannot be given a finite f16 scale and
 //! are rejected with [`CodecError::NonFinite`], as the `f16` scheme rejects them.
 
-use crate::levels::{self, CodeLayout, LevelFormat, MapLayout};
+use crate::levels::{self, ChannelBlocks, CodeLayout, LevelFormat, MapLayout};
 use crate::simd::{axpy_codes, decode_codes, decode_rows, dot_codes, CodeRun, GroupParams};
 use crate::{bits, check_finite, Codec, CodecError, Role};
 use half::f16;
@@ -479,6 +479,19 @@ impl Codec for IntCodec {
             table: None,
         })
         .filter(LevelFormat::supported)
+    }
+
+    /// Asymmetric 2- to 4-bit per-channel blocks (KIVI's keys).
+    fn channel_blocks(&self) -> Option<ChannelBlocks> {
+        let Grouping::PerChannel { tokens } = self.grouping else {
+            return None;
+        };
+        Some(ChannelBlocks {
+            width: self.head_dim,
+            bits: self.bits,
+            tokens,
+        })
+        .filter(|b| self.zero == ZeroPoint::Asymmetric && b.supported())
     }
 
     fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]) {

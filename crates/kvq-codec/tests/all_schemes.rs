@@ -396,6 +396,9 @@ fn group_kernels_equal_one_head_at_a_time() {
                 let integer = codec
                     .level_format()
                     .filter(|f| f.supported() && kvq_codec::levels::available());
+                let channel = codec
+                    .channel_blocks()
+                    .filter(|_| kvq_codec::levels::available());
                 let mut working = vec![0f32; rows_n * codec.working_len()];
                 codec.decode_working(&bytes, &mut working);
                 let k_row = |t: usize| &working[t * codec.working_len()..][..codec.working_len()];
@@ -404,9 +407,18 @@ fn group_kernels_equal_one_head_at_a_time() {
                     codec.score(&prepared[h], &bytes, &mut one);
                     let scale = one.iter().map(|v| v.abs()).fold(1.0f32, f32::max);
                     for (t, (a, b)) in grouped[h].iter().zip(&one).enumerate() {
-                        let bound = integer.map_or(0.0, |f| {
-                            score_bound(&f, &prepared[h], k_row(t), &bytes[t * bb..][..bb])
-                        });
+                        let bound = match (integer, channel) {
+                            (Some(f), _) => {
+                                score_bound(&f, &prepared[h], k_row(t), &bytes[t * bb..][..bb])
+                            }
+                            (_, Some(l)) => channel_score_bound(
+                                &l,
+                                &prepared[h],
+                                k_row(t),
+                                &bytes[t / bt * bb..][..bb],
+                            ),
+                            _ => 0.0,
+                        };
                         assert!(
                             (a - b).abs() <= 1e-4 * scale + bound,
                             "{name} d{head_dim} {role:?} score head {h}: {a} vs {b}"
@@ -473,6 +485,40 @@ fn score_bound(
             };
             let centered = k - center_value(format, row, g * group + i);
             bound += sigma / 2.0 * (centered.abs() + slack) + q.abs() * slack;
+        }
+    }
+    1.001 * bound
+}
+
+/// How far an integer-kernel score of a row `k` of per-channel blocks (`block` its block) may
+/// be from the exact one: `Σ_c σ'_g/2·|code_c − center|`, `σ'_g` the i8 step of the scaled
+/// query `q_c·scale_c` over group `g` (kvq_codec::levels::ChannelBlocks).
+fn channel_score_bound(
+    layout: &kvq_codec::levels::ChannelBlocks,
+    prepared: &[f32],
+    k: &[f32],
+    block: &[u8],
+) -> f32 {
+    let f16 = |at: usize| half::f16::from_le_bytes([block[at], block[at + 1]]).to_f32();
+    let map = |c: usize| (f16(4 * c), f16(4 * c + 2));
+    let center = layout.rows().center();
+    let group = kvq_codec::levels::GROUP;
+    let mut bound = 0.0;
+    for g in 0..layout.width / group {
+        let channels = g * group..(g + 1) * group;
+        let sigma = channels
+            .clone()
+            .map(|c| (prepared[c] * map(c).0).abs())
+            .fold(0f32, f32::max)
+            / 127.0;
+        for c in channels {
+            let (scale, min) = map(c);
+            let code = if scale > 0.0 {
+                ((k[c] - min) / scale).round()
+            } else {
+                0.0
+            };
+            bound += sigma / 2.0 * (code - center).abs();
         }
     }
     1.001 * bound
