@@ -30,6 +30,9 @@
 //! uses the nearest i8 table ([`LevelTable::nearest`]): each value moves by at most half a
 //! table unit times its scale.
 //!
+//! Rows whose runs of channels use different codes (TurboQuant's fractional rates: two
+//! codebooks) are read run by run ([`LevelSegment`], [`score_segments`],
+//! [`accumulate_segments`]).
 //! Blocks that keep one map per channel for many rows (KIVI's keys, [`ChannelBlocks`]) are
 //! scored the same way after folding each block's scales into the query
 //! ([`score_channel_blocks`]); their sums keep the float kernels.
@@ -189,6 +192,70 @@ impl LevelFormat {
             && words_fit(m.scale_at)
             && m.min_at.is_none_or(words_fit)
             && codes_fit
+    }
+}
+
+/// One run of a row's working channels that the integer kernels read with one format: rows
+/// whose runs use different codes (TurboQuant's fractional rates: two codebooks) are read
+/// run by run ([`crate::Codec::level_segments`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LevelSegment {
+    /// First channel of the run in the codec's working row (its query and accumulator).
+    pub first: usize,
+    /// How the stored rows hold the run (`format.width` channels from `first`).
+    pub format: LevelFormat,
+}
+
+/// f32 slots that [`finish_segment_query`] appends to a prepared query.
+pub fn segment_query_slots(segments: &[LevelSegment]) -> usize {
+    segments.iter().map(|s| query_slots(s.format.width)).sum()
+}
+
+/// Writes each segment's i8 query ([`quantize_query`] of its run of the first values of
+/// `prepared`) into the last [`segment_query_slots`] of `prepared`, in the segments' order.
+pub fn finish_segment_query(segments: &[LevelSegment], prepared: &mut [f32]) {
+    let (head, mut tail) = prepared.split_at_mut(prepared.len() - segment_query_slots(segments));
+    for s in segments {
+        let (slots, rest) = tail.split_at_mut(query_slots(s.format.width));
+        quantize_query(&s.format, &head[s.first..][..s.format.width], slots);
+        tail = rest;
+    }
+}
+
+/// [`crate::Codec::score_group`] over segments: each run is scored by [`score_group`]'s
+/// kernel (the first stores, the others add) against its slots of the prepared queries.
+pub fn score_segments(
+    segments: &[LevelSegment],
+    queries: &[&[f32]],
+    blocks: &[u8],
+    scores: &mut [&mut [f32]],
+    ahead: &mut Ahead,
+) {
+    let mut after = segment_query_slots(segments);
+    for (k, s) in segments.iter().enumerate() {
+        let ends: Vec<&[f32]> = queries
+            .iter()
+            .map(|q| &q[..q.len() - after + query_slots(s.format.width)])
+            .collect();
+        after -= query_slots(s.format.width);
+        score_into(&s.format, &ends, blocks, scores, ahead, k > 0);
+    }
+}
+
+/// [`crate::Codec::accumulate_group`] over segments: each run adds into its channels.
+pub fn accumulate_segments(
+    segments: &[LevelSegment],
+    weights: &[&[f32]],
+    blocks: &[u8],
+    accs: &mut [&mut [f32]],
+    ahead: &mut Ahead,
+) {
+    for s in segments {
+        let mut runs: Vec<&mut [f32]> = accs
+            .iter_mut()
+            .map(|a| &mut a[s.first..][..s.format.width])
+            .collect();
+        accumulate_group(&s.format, weights, blocks, &mut runs, ahead);
     }
 }
 
@@ -416,6 +483,18 @@ pub fn score_group(
     scores: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
+    score_into(format, queries, blocks, scores, ahead, false);
+}
+
+/// [`score_group`], adding to `scores` if `add`.
+fn score_into(
+    format: &LevelFormat,
+    queries: &[&[f32]],
+    blocks: &[u8],
+    scores: &mut [&mut [f32]],
+    ahead: &mut Ahead,
+    add: bool,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         let slots = query_slots(format.width);
@@ -434,6 +513,7 @@ pub fn score_group(
                     scores,
                     first,
                     ahead,
+                    add,
                 )
             };
         });
@@ -484,7 +564,7 @@ pub fn score_channel_blocks(
                     // SAFETY: as in `score_group`, with the row scales set to 1.
                     unsafe {
                         avx512::score_tile(
-                            tile, decoder, tile_rows, &slot, heads, scores, first, ahead,
+                            tile, decoder, tile_rows, &slot, heads, scores, first, ahead, false,
                         )
                     };
                 }
@@ -1004,7 +1084,7 @@ mod avx512 {
     }
 
     /// Scores of the tile's rows for `heads` i8 queries (`slot(h)` points to head `h`'s
-    /// [`super::query_slots`] values), into `scores[h][first..]`.
+    /// [`super::query_slots`] values), into `scores[h][first..]` (added to them if `add`).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     pub unsafe fn score_tile(
@@ -1016,6 +1096,7 @@ mod avx512 {
         scores: &mut [&mut [f32]],
         first: usize,
         ahead: &mut Ahead,
+        add: bool,
     ) {
         let n = rows.len() / decoder.format.row_bytes;
         assert!(scores.len() >= heads);
@@ -1025,18 +1106,18 @@ mod avx512 {
             let q: [*const f32; SCORE_HEADS] = std::array::from_fn(|h| slot((h0 + h).min(h1 - 1)));
             let (q, s) = (&q[..h1 - h0], &mut scores[h0..h1]);
             match (q.len(), decoder.format.code_bits()) {
-                (1, 2) => score_heads::<1, 2>(tile, decoder, rows, q, s, first, ahead),
-                (2, 2) => score_heads::<2, 2>(tile, decoder, rows, q, s, first, ahead),
-                (3, 2) => score_heads::<3, 2>(tile, decoder, rows, q, s, first, ahead),
-                (_, 2) => score_heads::<4, 2>(tile, decoder, rows, q, s, first, ahead),
-                (1, 3) => score_heads::<1, 3>(tile, decoder, rows, q, s, first, ahead),
-                (2, 3) => score_heads::<2, 3>(tile, decoder, rows, q, s, first, ahead),
-                (3, 3) => score_heads::<3, 3>(tile, decoder, rows, q, s, first, ahead),
-                (_, 3) => score_heads::<4, 3>(tile, decoder, rows, q, s, first, ahead),
-                (1, _) => score_heads::<1, 4>(tile, decoder, rows, q, s, first, ahead),
-                (2, _) => score_heads::<2, 4>(tile, decoder, rows, q, s, first, ahead),
-                (3, _) => score_heads::<3, 4>(tile, decoder, rows, q, s, first, ahead),
-                _ => score_heads::<4, 4>(tile, decoder, rows, q, s, first, ahead),
+                (1, 2) => score_heads::<1, 2>(tile, decoder, rows, q, s, first, ahead, add),
+                (2, 2) => score_heads::<2, 2>(tile, decoder, rows, q, s, first, ahead, add),
+                (3, 2) => score_heads::<3, 2>(tile, decoder, rows, q, s, first, ahead, add),
+                (_, 2) => score_heads::<4, 2>(tile, decoder, rows, q, s, first, ahead, add),
+                (1, 3) => score_heads::<1, 3>(tile, decoder, rows, q, s, first, ahead, add),
+                (2, 3) => score_heads::<2, 3>(tile, decoder, rows, q, s, first, ahead, add),
+                (3, 3) => score_heads::<3, 3>(tile, decoder, rows, q, s, first, ahead, add),
+                (_, 3) => score_heads::<4, 3>(tile, decoder, rows, q, s, first, ahead, add),
+                (1, _) => score_heads::<1, 4>(tile, decoder, rows, q, s, first, ahead, add),
+                (2, _) => score_heads::<2, 4>(tile, decoder, rows, q, s, first, ahead, add),
+                (3, _) => score_heads::<3, 4>(tile, decoder, rows, q, s, first, ahead, add),
+                _ => score_heads::<4, 4>(tile, decoder, rows, q, s, first, ahead, add),
             }
         }
     }
@@ -1046,6 +1127,7 @@ mod avx512 {
     /// `scale·σ·(Σ codes·levels − center·Σ codes) + center_value·Σ q`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn score_heads<const H: usize, const B: usize>(
         tile: &Tile,
         decoder: &Decoder,
@@ -1054,6 +1136,7 @@ mod avx512 {
         scores: &mut [&mut [f32]],
         first: usize,
         ahead: &mut Ahead,
+        add: bool,
     ) {
         let format = &decoder.format;
         let (w, rb) = (format.width, format.row_bytes);
@@ -1102,7 +1185,13 @@ mod avx512 {
             }
             let mask = first_lanes(n - block);
             for (s, a) in scores.iter_mut().zip(&acc) {
-                _mm512_mask_storeu_ps(s.as_mut_ptr().add(first + block), mask, *a);
+                let at = s.as_mut_ptr().add(first + block);
+                let a = if add {
+                    _mm512_add_ps(*a, _mm512_maskz_loadu_ps(mask, at))
+                } else {
+                    *a
+                };
+                _mm512_mask_storeu_ps(at, mask, a);
             }
         }
     }
@@ -1678,6 +1767,84 @@ mod tests {
                         (value - want).abs() <= slack + 1e-5 * (1.0 + want.abs()),
                         "{name} row {t} channel {c}: {value} vs {want}"
                     );
+                }
+            }
+        }
+    }
+
+    /// TurboQuant's fractional rates (one instance with two codebooks, or two instances over
+    /// calibrated outlier channels) are read in runs: the runs tile the working row, each
+    /// run's format read plainly gives the decoded values within half a table unit, and the
+    /// prepared query ends with each run's i8 query.
+    #[test]
+    fn fractional_turbo_rows_are_read_in_runs() {
+        let mut rng = ChaCha8Rng::seed_from_u64(21);
+        for name in ["turbo3.5", "turbo2.5"] {
+            for head_dim in [128, 256] {
+                for outliers in [false, true] {
+                    let cal = Calibration {
+                        outlier_channels: outliers
+                            .then(|| (0..head_dim).rev().step_by(3).collect()),
+                        ..Calibration::default()
+                    };
+                    let kind = SchemeKind::parse(name).unwrap();
+                    let codec = build_codec(kind, Role::Key, head_dim, &cal, 4).unwrap();
+                    let segments = codec.level_segments();
+                    let case = format!("{name} d{head_dim} outliers {outliers}");
+                    assert_eq!(segments.len(), 2, "{case}");
+                    assert_eq!(segments[0].first, 0, "{case}");
+                    assert_eq!(segments[1].first, segments[0].format.width, "{case}");
+                    assert_eq!(
+                        segments[1].first + segments[1].format.width,
+                        codec.working_len()
+                    );
+                    let rows = 5;
+                    let values: Vec<f32> = (0..rows * head_dim)
+                        .map(|_| rng.gen_range(-1.0..1.0))
+                        .collect();
+                    let mut bytes = vec![0u8; rows * codec.block_bytes()];
+                    for (v, b) in values
+                        .chunks_exact(head_dim)
+                        .zip(bytes.chunks_exact_mut(codec.block_bytes()))
+                    {
+                        codec.encode(v, b).unwrap();
+                    }
+                    let mut working = vec![0f32; rows * codec.working_len()];
+                    codec.decode_working(&bytes, &mut working);
+                    for s in segments {
+                        for (t, row) in bytes.chunks_exact(codec.block_bytes()).enumerate() {
+                            for c in 0..s.format.width {
+                                let (scale, _) = map(&s.format, row, c);
+                                let value = scale * (f64::from(level(&s.format, row, c)) - 128.0);
+                                let want =
+                                    f64::from(working[t * codec.working_len() + s.first + c]);
+                                assert!(
+                                    (value - want).abs() <= scale.abs() / 2.0 + 1e-5,
+                                    "{case} row {t} channel {c}: {value} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                    let q: Vec<f32> = (0..head_dim).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                    let mut prepared = vec![0f32; codec.query_len()];
+                    codec.prepare_query(&q, &mut prepared);
+                    let mut slots = prepared.len() - segment_query_slots(segments);
+                    for s in segments {
+                        let mut want = vec![0f32; query_slots(s.format.width)];
+                        quantize_query(
+                            &s.format,
+                            &prepared[s.first..][..s.format.width],
+                            &mut want,
+                        );
+                        let got = &prepared[slots..][..want.len()];
+                        assert!(
+                            got.iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{case}"
+                        );
+                        slots += want.len();
+                    }
                 }
             }
         }

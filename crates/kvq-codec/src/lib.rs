@@ -238,6 +238,13 @@ pub trait Codec: Send + Sync {
     fn level_format(&self) -> Option<levels::LevelFormat> {
         None
     }
+    /// For rows whose runs of channels hold different levels (TurboQuant's fractional rates),
+    /// the runs, each read by the integer kernels on its own; empty (the default) otherwise.
+    /// A codec returns runs only if every format is supported, and then appends
+    /// [`levels::finish_segment_query`]'s slots to its prepared query.
+    fn level_segments(&self) -> &[levels::LevelSegment] {
+        &[]
+    }
     /// Turns an accumulator into output values (`head_dim` long); the default copies it.
     fn finish(&self, acc: &[f32], out: &mut [f32]) {
         out.copy_from_slice(&acc[..self.head_dim()]);

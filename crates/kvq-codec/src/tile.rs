@@ -52,6 +52,10 @@ pub fn score_group<C: Codec + ?Sized>(
     if let Some(format) = integer_format(codec) {
         return crate::levels::score_group(&format, queries, blocks, scores, ahead);
     }
+    let segments = codec.level_segments();
+    if !segments.is_empty() && crate::levels::available() {
+        return crate::levels::score_segments(segments, queries, blocks, scores, ahead);
+    }
     if let Some(layout) = codec
         .channel_blocks()
         .filter(|_| crate::levels::available())
@@ -87,6 +91,10 @@ pub fn accumulate_group<C: Codec + ?Sized>(
 ) {
     if let Some(format) = integer_format(codec) {
         return crate::levels::accumulate_group(&format, weights, blocks, accs, ahead);
+    }
+    let segments = codec.level_segments();
+    if !segments.is_empty() && crate::levels::available() {
+        return crate::levels::accumulate_segments(segments, weights, blocks, accs, ahead);
     }
     let width = codec.working_len();
     let mut accs: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..width]).collect();

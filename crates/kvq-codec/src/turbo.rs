@@ -59,7 +59,7 @@
 //! | `turboB-prod` | `B + 32/d` | B + 0.5 | B + 0.25 | B + 0.125 |
 
 use crate::bits;
-use crate::levels::{self, CodeLayout, LevelFormat, LevelTable, MapLayout};
+use crate::levels::{self, CodeLayout, LevelFormat, LevelSegment, LevelTable, MapLayout};
 use crate::lloyd_max::{sphere_codebook, Codebook};
 use crate::rotation::{gaussian_matrix, seeded_rng, Rotation, RotationKind};
 use crate::simd;
@@ -96,6 +96,9 @@ pub struct TurboCodec {
     block_bytes: usize,
     /// The rows as 8-bit levels, for the single-codebook variants without QJL.
     levels: Option<LevelFormat>,
+    /// The runs of one codebook each as 8-bit levels, for the fractional rates without QJL
+    /// (empty unless every run is supported).
+    segments: Vec<LevelSegment>,
 }
 
 /// One TurboQuant instance over a set of channels.
@@ -340,28 +343,36 @@ impl TurboCodec {
             offset += 2 + bits::packed_len(head_dim, 1);
             qjl
         });
-        let levels = match (&parts[..], &qjl) {
-            ([part], None) if part.segments.len() == 1 => {
-                let seg = &part.segments[0];
-                Some(LevelFormat {
-                    row_bytes: offset,
-                    width: head_dim,
-                    codes: CodeLayout::Packed {
-                        at: seg.byte_offset,
-                        bits: seg.bits(),
+        // Each run of one codebook: its codes as i8 table levels under the part's norm.
+        let runs: Vec<LevelSegment> = parts
+            .iter()
+            .flat_map(|part| {
+                part.segments.iter().map(move |seg| LevelSegment {
+                    first: part.coord_offset + seg.first,
+                    format: LevelFormat {
+                        row_bytes: offset,
+                        width: seg.len,
+                        codes: CodeLayout::Packed {
+                            at: seg.byte_offset,
+                            bits: seg.bits(),
+                        },
+                        maps: MapLayout {
+                            channels: seg.len,
+                            scale_at: part.norm_offset,
+                            stride: 0,
+                            min_at: None,
+                            zero: 128.0,
+                        },
+                        table: Some(LevelTable::nearest(seg.codebook.centroids())),
                     },
-                    maps: MapLayout {
-                        channels: head_dim,
-                        scale_at: part.norm_offset,
-                        stride: 0,
-                        min_at: None,
-                        zero: 128.0,
-                    },
-                    table: Some(LevelTable::nearest(seg.codebook.centroids())),
                 })
-                .filter(LevelFormat::supported)
-            }
-            _ => None,
+            })
+            .collect();
+        let usable = qjl.is_none() && runs.iter().all(|r| r.format.supported());
+        let (levels, segments) = match &runs[..] {
+            [run] if usable => (Some(run.format), Vec::new()),
+            _ if usable => (None, runs),
+            _ => (None, Vec::new()),
         };
         Ok(Self {
             name,
@@ -371,6 +382,7 @@ impl TurboCodec {
             channel_scales,
             block_bytes: offset,
             levels,
+            segments,
         })
     }
 
@@ -501,7 +513,9 @@ impl Codec for TurboCodec {
     /// The rotated query, the QJL sketch of the prod variants, and the i8 form of the rotated
     /// query where the integer kernels apply.
     fn query_len(&self) -> usize {
-        self.accumulator_len() + self.levels.map_or(0, |f| levels::query_slots(f.width))
+        self.accumulator_len()
+            + self.levels.map_or(0, |f| levels::query_slots(f.width))
+            + levels::segment_query_slots(&self.segments)
     }
 
     fn prepare_query(&self, query: &[f32], prepared: &mut [f32]) {
@@ -527,10 +541,17 @@ impl Codec for TurboCodec {
         if let Some(format) = &self.levels {
             levels::finish_query(format, prepared);
         }
+        if !self.segments.is_empty() {
+            levels::finish_segment_query(&self.segments, prepared);
+        }
     }
 
     fn level_format(&self) -> Option<LevelFormat> {
         self.levels
+    }
+
+    fn level_segments(&self) -> &[LevelSegment] {
+        &self.segments
     }
 
     fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]) {

@@ -399,6 +399,17 @@ fn group_kernels_equal_one_head_at_a_time() {
                 let channel = codec
                     .channel_blocks()
                     .filter(|_| kvq_codec::levels::available());
+                // Runs of levels: each run's bound on its channels.
+                let segments = if kvq_codec::levels::available() {
+                    codec.level_segments()
+                } else {
+                    &[]
+                };
+                let segment_of = |c: usize| {
+                    segments
+                        .iter()
+                        .find(|s| (s.first..s.first + s.format.width).contains(&c))
+                };
                 let mut working = vec![0f32; rows_n * codec.working_len()];
                 codec.decode_working(&bytes, &mut working);
                 let k_row = |t: usize| &working[t * codec.working_len()..][..codec.working_len()];
@@ -417,7 +428,18 @@ fn group_kernels_equal_one_head_at_a_time() {
                                 k_row(t),
                                 &bytes[t / bt * bb..][..bb],
                             ),
-                            _ => 0.0,
+                            _ => segments
+                                .iter()
+                                .map(|s| {
+                                    let run = s.first..s.first + s.format.width;
+                                    score_bound(
+                                        &s.format,
+                                        &prepared[h][run.clone()],
+                                        &k_row(t)[run],
+                                        &bytes[t * bb..][..bb],
+                                    )
+                                })
+                                .sum(),
                         };
                         assert!(
                             (a - b).abs() <= 1e-4 * scale + bound,
@@ -428,7 +450,11 @@ fn group_kernels_equal_one_head_at_a_time() {
                     codec.accumulate(&weights[h], &bytes, &mut acc);
                     let scale = acc.iter().map(|v| v.abs()).fold(1.0f32, f32::max);
                     for (c, (a, b)) in accs[h].iter().zip(&acc).enumerate() {
-                        let bound = integer.map_or(0.0, |f| sum_bound(&f, &weights[h], &bytes, c));
+                        let bound = match (integer, segment_of(c)) {
+                            (Some(f), _) => sum_bound(&f, &weights[h], &bytes, c),
+                            (_, Some(s)) => sum_bound(&s.format, &weights[h], &bytes, c - s.first),
+                            _ => 0.0,
+                        };
                         assert!(
                             (a - b).abs() <= 1e-4 * scale + bound,
                             "{name} d{head_dim} {role:?} accumulate head {h}: {a} vs {b}"
