@@ -1,0 +1,92 @@
+//! Nanoseconds per row of the group kernels (`score_group`, `accumulate_group`) on a run of
+//! rows that stays in the L2 cache: the arithmetic of attention without its memory traffic.
+//! Best of 15 repetitions, one thread.
+//!
+//! `cargo run --release -p kvq-codec --example group_kernels -- q4_0 int3 turbo3`
+//! (environment: `HEADS`, query heads per KV head, default 4; `SPAN`, rows per call, default
+//! 64 as a cache page; `ROLE=key` for the key codec).
+
+use kvq_codec::simd::Ahead;
+use kvq_codec::{build_codec, Calibration, OakenThresholds, Role, SchemeKind};
+use std::time::Instant;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (head_dim, rows, heads, span) = (128, 2048, env("HEADS", 4), env("SPAN", 64));
+    let role = match std::env::var("ROLE").as_deref() {
+        Ok("key") => Role::Key,
+        _ => Role::Value,
+    };
+    let values: Vec<f32> = (0..rows * head_dim)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    // Oaken's thresholds, profiled on the rows themselves.
+    let calibration = Calibration {
+        oaken_thresholds: Some(OakenThresholds::from_samples(&mut values.clone())),
+        ..Calibration::default()
+    };
+    for name in std::env::args().skip(1) {
+        let codec = build_codec(SchemeKind::parse(&name)?, role, head_dim, &calibration, 1)?;
+        let span = span.next_multiple_of(codec.block_tokens());
+        let per_block = codec.block_tokens() * head_dim;
+        let mut bytes = vec![0u8; rows / codec.block_tokens() * codec.block_bytes()];
+        for (v, b) in values
+            .chunks_exact(per_block)
+            .zip(bytes.chunks_exact_mut(codec.block_bytes()))
+        {
+            codec.encode(v, b)?;
+        }
+        let prepared: Vec<Vec<f32>> = (0..heads)
+            .map(|h| {
+                let q: Vec<f32> = (0..head_dim)
+                    .map(|i| ((i + h) % 17) as f32 / 8.0 - 1.0)
+                    .collect();
+                let mut p = vec![0.0; codec.query_len()];
+                codec.prepare_query(&q, &mut p);
+                p
+            })
+            .collect();
+        let queries: Vec<&[f32]> = prepared.iter().map(Vec::as_slice).collect();
+        let weights: Vec<Vec<f32>> = (0..heads)
+            .map(|_| (0..rows).map(|i| (i % 13) as f32 / 13.0).collect())
+            .collect();
+        let mut scores = vec![vec![0f32; rows]; heads];
+        let mut accs = vec![vec![0f32; codec.accumulator_len()]; heads];
+        let span_bytes = span / codec.block_tokens() * codec.block_bytes();
+        let (mut score_ns, mut sum_ns) = (f64::MAX, f64::MAX);
+        let iters = 200;
+        for _ in 0..15 {
+            let start = Instant::now();
+            for _ in 0..iters {
+                for (s, run) in bytes.chunks(span_bytes).enumerate() {
+                    let mut out: Vec<&mut [f32]> = scores
+                        .iter_mut()
+                        .map(|x| &mut x[s * span..(s + 1) * span])
+                        .collect();
+                    codec.score_group(&queries, run, &mut out, &mut Ahead::none());
+                }
+            }
+            score_ns = score_ns.min(start.elapsed().as_nanos() as f64 / (iters * rows) as f64);
+            let start = Instant::now();
+            for _ in 0..iters {
+                for (s, run) in bytes.chunks(span_bytes).enumerate() {
+                    let w: Vec<&[f32]> = weights
+                        .iter()
+                        .map(|x| &x[s * span..(s + 1) * span])
+                        .collect();
+                    let mut out: Vec<&mut [f32]> = accs.iter_mut().map(Vec::as_mut_slice).collect();
+                    codec.accumulate_group(&w, run, &mut out, &mut Ahead::none());
+                }
+            }
+            sum_ns = sum_ns.min(start.elapsed().as_nanos() as f64 / (iters * rows) as f64);
+        }
+        println!("{name:12} score {score_ns:6.2} ns/row  accumulate {sum_ns:6.2} ns/row");
+    }
+    Ok(())
+}
