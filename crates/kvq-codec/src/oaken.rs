@@ -47,7 +47,7 @@
 //! [`Codec::score`] and [`Codec::accumulate`] work on the bytes: a 16-entry table of middle
 //! levels per token, a pass over the dense nibbles, then a correction at each sparse entry.
 
-use crate::{check_finite, Calibration, Codec, CodecError, OakenThresholds};
+use crate::{check_finite, simd, Calibration, Codec, CodecError, OakenThresholds};
 use half::f16;
 
 /// Elements addressed by one sparse entry's 6-bit index.
@@ -129,7 +129,7 @@ impl MiddleGrid {
                 step: 0.0,
             };
         }
-        let zero_code = ((16.0 * -lo / (hi - lo)).round() as usize).clamp(1, 15);
+        let zero_code = round_up_ties(16.0 * -lo / (hi - lo)).clamp(1, 15);
         let step = (-lo / zero_code as f32).max(hi / (16 - zero_code) as f32);
         Self { zero_code, step }
     }
@@ -175,12 +175,20 @@ enum Slot {
 struct TokenTables {
     /// Reconstructed value of each middle code (threshold added back).
     middle: [f32; 16],
-    outer_step: f32,
-    inner_step: f32,
+    /// A sparse entry's value is `base[k] + magnitude·step[k]`, `k` its group and sign bits
+    /// (`entry >> 6`: inner/outer, then positive/negative), without a branch.
+    outlier_base: [f32; 4],
+    outlier_step: [f32; 4],
 }
 
 fn f16_at(row: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32()
+}
+
+/// `x.round()` for `0 ≤ x < 2²³` without a call to libm (every row's decode computes one).
+fn round_up_ties(x: f32) -> usize {
+    let whole = x as usize;
+    whole + usize::from(x - whole as f32 >= 0.5)
 }
 
 /// The smallest f16 `≥ x` for `x ≥ 0` (infinite when `x` exceeds f16's range).
@@ -343,10 +351,11 @@ impl OakenCodec {
             };
             *m = grid.level(q) + threshold;
         }
+        let (outer_step, inner_step) = (f16_at(row, 2) / 15.0, f16_at(row, 3) / 15.0);
         TokenTables {
             middle,
-            outer_step: f16_at(row, 2) / 15.0,
-            inner_step: f16_at(row, 3) / 15.0,
+            outlier_base: [0.0, t.hi_outer, 0.0, t.lo_outer],
+            outlier_step: [inner_step, outer_step, -inner_step, -outer_step],
         }
     }
 
@@ -357,21 +366,14 @@ impl OakenCodec {
         tables: &TokenTables,
         mut f: impl FnMut(usize, u8, f32),
     ) {
-        let t = &self.thresholds;
         let dense = &row[self.dense_offset()..self.sparse_offset()];
         let mut entries = row[self.sparse_offset()..].iter();
         for (span, &count) in row[META_BYTES..META_BYTES + self.spans].iter().enumerate() {
             for &entry in entries.by_ref().take(usize::from(count)) {
                 let i = span * SPAN + usize::from(entry & (GROUP_BIT - 1));
                 let code = (dense[i / 2] >> (4 * (i % 2))) & 15;
-                let magnitude = f32::from(code);
-                let negative = entry & SIGN_BIT != 0;
-                let value = match (entry & GROUP_BIT != 0, negative) {
-                    (true, false) => t.hi_outer + magnitude * tables.outer_step,
-                    (true, true) => t.lo_outer - magnitude * tables.outer_step,
-                    (false, false) => magnitude * tables.inner_step,
-                    (false, true) => -magnitude * tables.inner_step,
-                };
+                let k = usize::from(entry >> 6);
+                let value = tables.outlier_base[k] + f32::from(code) * tables.outlier_step[k];
                 f(i, code, value);
             }
         }
@@ -462,13 +464,13 @@ impl Codec for OakenCodec {
         Ok(())
     }
 
+    /// The dense codes through the token's table of middle levels (a vector lookup), then
+    /// the sparse entries over them.
     fn decode(&self, block: &[u8], rows: &mut [f32]) {
         let tables = self.tables(block);
         let dense = &block[self.dense_offset()..self.sparse_offset()];
-        for (pair, &byte) in rows.chunks_exact_mut(2).zip(dense) {
-            pair[0] = tables.middle[usize::from(byte & 15)];
-            pair[1] = tables.middle[usize::from(byte >> 4)];
-        }
+        rows.fill(0.0);
+        simd::axpy_lut(dense, 4, &tables.middle, 1.0, rows);
         self.for_each_outlier(block, &tables, |i, _, value| rows[i] = value);
     }
 
