@@ -569,6 +569,21 @@ mod tests {
     }
 
     #[test]
+    fn the_grid_rounds_as_f32_round() {
+        let mut rng = seeded_rng(4, 0);
+        let ties = (0..=32).map(|i| i as f32 / 2.0);
+        // One ulp either side of each tie k + ½.
+        let near = (0..16).flat_map(|k| {
+            let tie = (k as f32 + 0.5).to_bits();
+            [f32::from_bits(tie - 1), f32::from_bits(tie + 1)]
+        });
+        let random = (0..10_000).map(|_| rng.gen_range(0.0..16.0f32));
+        for x in ties.chain(near).chain(random) {
+            assert_eq!(round_up_ties(x), x.round() as usize, "{x}");
+        }
+    }
+
+    #[test]
     fn from_samples_uses_lower_and_higher_quantiles() {
         // 0..1000 shuffled: ranks 19.98, 469.53, 529.47, 979.02.
         let mut values: Vec<f32> = (0..1000).map(|i| ((i * 617) % 1000) as f32).collect();
