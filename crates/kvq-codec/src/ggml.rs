@@ -388,20 +388,23 @@ impl Codec for GgmlCodec {
         }
     }
 
+    /// q4_0 (scores and sums) and q8_0 (scores) as levels under their blocks' scales.
     fn level_format(&self) -> Option<LevelFormat> {
-        if self.ty != GgmlType::Q4_0 {
-            return None;
-        }
+        let (codes, zero) = match self.ty {
+            GgmlType::Q4_0 => (CodeLayout::Q4_0, 8.0),
+            GgmlType::Q8_0 => (CodeLayout::Q8_0, 128.0),
+            _ => return None,
+        };
         Some(LevelFormat {
             row_bytes: self.block_bytes(),
             width: self.head_dim,
-            codes: CodeLayout::Q4_0,
+            codes,
             maps: MapLayout {
                 channels: QK,
                 scale_at: 0,
-                stride: 18,
+                stride: self.ty.block_bytes(),
                 min_at: None,
-                zero: 8.0,
+                zero,
             },
             table: None,
         })
