@@ -388,23 +388,20 @@ impl Codec for GgmlCodec {
         }
     }
 
-    /// q4_0 (scores and sums) and q8_0 (scores) as levels under their blocks' scales.
     fn level_format(&self) -> Option<LevelFormat> {
-        let (codes, zero) = match self.ty {
-            GgmlType::Q4_0 => (CodeLayout::Q4_0, 8.0),
-            GgmlType::Q8_0 => (CodeLayout::Q8_0, 128.0),
-            _ => return None,
-        };
+        if self.ty != GgmlType::Q4_0 {
+            return None;
+        }
         Some(LevelFormat {
             row_bytes: self.block_bytes(),
             width: self.head_dim,
-            codes,
+            codes: CodeLayout::Q4_0,
             maps: MapLayout {
                 channels: QK,
                 scale_at: 0,
-                stride: self.ty.block_bytes(),
+                stride: 18,
                 min_at: None,
-                zero,
+                zero: 8.0,
             },
             table: None,
         })

@@ -67,9 +67,6 @@ pub enum CodeLayout {
     /// llama.cpp `q4_0`: per 32 channels a 2-byte scale, then 16 bytes holding channel `j` in
     /// the low nibble of byte `j` and channel `j + 16` in its high nibble.
     Q4_0,
-    /// llama.cpp `q8_0`: per 32 channels a 2-byte scale, then 32 signed bytes; the level is the
-    /// byte plus 128. Scores only ([`LevelFormat::sums_supported`]).
-    Q8_0,
 }
 
 /// Where a row keeps the affine map of each group of channels (little-endian f16 values).
@@ -133,33 +130,6 @@ impl LevelFormat {
         match self.codes {
             CodeLayout::Packed { bits, .. } => bits,
             CodeLayout::Q4_0 => 4,
-            CodeLayout::Q8_0 => 8,
-        }
-    }
-
-    /// Whether the sum kernels take the format too: up to 4-bit codes. Sums of 8-bit codes
-    /// keep the float kernels, as llama.cpp's attention does with q8_0 values: there the
-    /// rounding of the weights to i8 would rival the cache's own.
-    pub fn sums_supported(&self) -> bool {
-        self.code_bits() <= 4
-    }
-
-    /// Whether every map word sits in the row's first 128 bytes, where the decoder collects
-    /// them with one byte permutation per row (else it gathers them per 16 rows).
-    fn maps_in_record(&self) -> bool {
-        let m = self.maps;
-        let maps = self.width / m.channels;
-        let in_record = |at: usize| at + (maps - 1) * m.stride + 2 <= 128;
-        in_record(m.scale_at) && m.min_at.is_none_or(in_record)
-    }
-
-    /// Channels per code stream chunk the kernels transpose (64 bytes of codes, or 128
-    /// channels of narrower codes with a 64-channel tail).
-    fn chunk_channels(&self) -> usize {
-        if self.code_bits() == 8 {
-            64
-        } else {
-            128
         }
     }
 
@@ -169,7 +139,7 @@ impl LevelFormat {
     /// hold one group of channels.
     pub fn stream_channel(&self, i: usize) -> usize {
         match self.codes {
-            CodeLayout::Packed { .. } | CodeLayout::Q8_0 => i,
+            CodeLayout::Packed { .. } => i,
             CodeLayout::Q4_0 => 32 * (i / 32) + (i % 32) / 2 + 16 * (i % 2),
         }
     }
@@ -196,20 +166,21 @@ impl LevelFormat {
         }
     }
 
-    /// Whether the score kernel takes this format: 2- to 4-bit codes or q8_0's bytes (other
-    /// 8-bit caches keep the float kernels), a width of whole 64-channel chunks (at most 512),
-    /// maps over whole groups with at most [`MAP_WORDS`] f16 words in the row.
+    /// Whether the kernels take this format: 2- to 4-bit codes (8-bit caches keep the float
+    /// kernels: at that rate the kernels' own rounding would rival the cache's), a width of
+    /// whole 64-channel chunks (at most 512), maps over whole groups whose f16 words (at most
+    /// [`MAP_WORDS`]) sit in the row's first 128 bytes.
     pub fn supported(&self) -> bool {
         let codes_fit = match self.codes {
             CodeLayout::Packed { at, bits } => {
                 matches!(bits, 2..=4) && at + self.width / 8 * bits as usize <= self.row_bytes
             }
             CodeLayout::Q4_0 => self.width / GROUP * 18 <= self.row_bytes,
-            CodeLayout::Q8_0 => self.width / GROUP * 34 <= self.row_bytes,
         };
         let m = self.maps;
         let maps = self.width / m.channels.max(1);
-        let words_fit = |at: usize| at + (maps - 1) * m.stride + 2 <= self.row_bytes;
+        // Every map word sits in the row's first 128 bytes, and all fit one record.
+        let words_fit = |at: usize| at + (maps - 1) * m.stride + 2 <= self.row_bytes.min(128);
         self.width > 0
             && self.row_bytes >= 4
             && self.width <= 16 * GROUP
@@ -607,8 +578,8 @@ pub fn score_channel_blocks(
     }
 }
 
-/// [`crate::Codec::accumulate_group`] with the integer kernels (formats that
-/// [`LevelFormat::sums_supported`]); prefetches `ahead` as it goes, a share per 4 rows.
+/// [`crate::Codec::accumulate_group`] with the integer kernels; prefetches `ahead` as it
+/// goes, a share per 4 rows.
 pub fn accumulate_group(
     format: &LevelFormat,
     weights: &[&[f32]],
@@ -616,10 +587,6 @@ pub fn accumulate_group(
     accs: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
-    assert!(
-        format.sums_supported(),
-        "the sum kernels take 2- to 4-bit codes"
-    );
     #[cfg(target_arch = "x86_64")]
     for_each_tile(format, blocks, |first, rows, tile, decoder| {
         // SAFETY: as in `for_each_tile`; each weight row holds the tile's rows and each
@@ -727,24 +694,11 @@ mod avx512 {
                         (18 * (j / 16) + 2 + j % 16) as u8
                     }))),
                 ),
-                // A 64-channel chunk: two blocks of 34 bytes, stream byte j at 2 + j mod 32
-                // of block j/32.
-                CodeLayout::Q8_0 => (
-                    0,
-                    68,
-                    [!0, first_bytes(4)],
-                    [!0, first_bytes(4)],
-                    Some(bytes(std::array::from_fn(|j| {
-                        (34 * (j / 32) + 2 + j % 32) as u8
-                    }))),
-                ),
             };
             // Half a chunk: 32 stream bytes, or q4_0's two blocks of 18 bytes.
             let (half_step, nibble_pairs) = match format.codes {
                 CodeLayout::Packed { .. } => (8 * b, pair_permute(|b| b)),
                 CodeLayout::Q4_0 => (36, pair_permute(|b| 18 * (b / 16) + 2 + b % 16)),
-                // (No sums: `sums_supported`.)
-                CodeLayout::Q8_0 => (64, pair_permute(|b| b)),
             };
             let m = format.maps;
             let maps = format.width / m.channels;
@@ -777,8 +731,7 @@ mod avx512 {
                     ((j / 8) * b + (j % 8).min(b - 1)) as u8
                 })),
                 shifts: bytes(std::array::from_fn(|j| ((j % 8) * b) as u8)),
-                gather: maps * (1 + usize::from(m.min_at.is_some())) <= 2
-                    || !format.maps_in_record(),
+                gather: maps * (1 + usize::from(m.min_at.is_some())) <= 2,
                 words: bytes(words),
                 row_lo: first_bytes(format.row_bytes),
                 row_hi: first_bytes(format.row_bytes.saturating_sub(64)),
@@ -793,8 +746,7 @@ mod avx512 {
 
         /// Whether chunk `c` is a 64-channel tail.
         fn is_tail(&self, c: usize) -> bool {
-            let chunk = self.format.chunk_channels();
-            self.format.width - chunk * c < chunk
+            self.format.width - 128 * c < 128
         }
 
         /// The code stream of 128-channel chunk `c` of the row at `row` (64 channels for a
@@ -842,11 +794,6 @@ mod avx512 {
         ) -> [__m512i; 8] {
             let mut out = [_mm512_setzero_si512(); 8];
             for (k, o) in out.iter_mut().enumerate() {
-                if B == 8 {
-                    // Signed bytes, biased to levels.
-                    *o = _mm512_xor_si512(words[8 * g + k], _mm512_set1_epi8(-128));
-                    continue;
-                }
                 if B == 4 {
                     let word = words[4 * g + k / 2];
                     let codes = if k % 2 == 0 {
@@ -1167,14 +1114,10 @@ mod avx512 {
                 (2, 3) => score_heads::<2, 3>(tile, decoder, rows, q, s, first, ahead, add),
                 (3, 3) => score_heads::<3, 3>(tile, decoder, rows, q, s, first, ahead, add),
                 (_, 3) => score_heads::<4, 3>(tile, decoder, rows, q, s, first, ahead, add),
-                (1, 4) => score_heads::<1, 4>(tile, decoder, rows, q, s, first, ahead, add),
-                (2, 4) => score_heads::<2, 4>(tile, decoder, rows, q, s, first, ahead, add),
-                (3, 4) => score_heads::<3, 4>(tile, decoder, rows, q, s, first, ahead, add),
-                (_, 4) => score_heads::<4, 4>(tile, decoder, rows, q, s, first, ahead, add),
-                (1, _) => score_heads::<1, 8>(tile, decoder, rows, q, s, first, ahead, add),
-                (2, _) => score_heads::<2, 8>(tile, decoder, rows, q, s, first, ahead, add),
-                (3, _) => score_heads::<3, 8>(tile, decoder, rows, q, s, first, ahead, add),
-                _ => score_heads::<4, 8>(tile, decoder, rows, q, s, first, ahead, add),
+                (1, _) => score_heads::<1, 4>(tile, decoder, rows, q, s, first, ahead, add),
+                (2, _) => score_heads::<2, 4>(tile, decoder, rows, q, s, first, ahead, add),
+                (3, _) => score_heads::<3, 4>(tile, decoder, rows, q, s, first, ahead, add),
+                _ => score_heads::<4, 4>(tile, decoder, rows, q, s, first, ahead, add),
             }
         }
     }
@@ -1204,8 +1147,7 @@ mod avx512 {
         for block in (0..n).step_by(16) {
             ahead.rows(16);
             let mut acc = [_mm512_setzero_ps(); H];
-            let per_chunk = format.chunk_channels() / GROUP;
-            for c in 0..w.div_ceil(format.chunk_channels()) {
+            for c in 0..w.div_ceil(128) {
                 let mut streams = [_mm512_setzero_si512(); 16];
                 for (r, s) in streams.iter_mut().enumerate() {
                     // Rows past the tile repeat its last row; their scores are not stored.
@@ -1213,9 +1155,9 @@ mod avx512 {
                     *s = decoder.stream(row, c);
                 }
                 let words = transpose16(&streams);
-                let groups = if decoder.is_tail(c) { 2 } else { per_chunk };
+                let groups = if decoder.is_tail(c) { 2 } else { 4 };
                 for local in 0..groups {
-                    let g = per_chunk * c + local;
+                    let g = 4 * c + local;
                     let mut dots = [_mm512_setzero_si512(); H];
                     let levels = decoder.cut_group::<B>(&words, local);
                     for (k, &level) in levels.iter().enumerate() {
@@ -1598,7 +1540,6 @@ mod tests {
                     byte >> 4
                 }
             }
-            CodeLayout::Q8_0 => row[34 * (c / 32) + 2 + c % 32] ^ 0x80,
         };
         match format.table {
             Some(t) => (t.levels[usize::from(code)] as u8) ^ 0x80,
@@ -1776,7 +1717,6 @@ mod tests {
             .collect();
         for want in [
             "q4_0",
-            "q8_0",
             "int4",
             "int3",
             "int2",
@@ -1792,6 +1732,7 @@ mod tests {
         }
         for not in [
             "int8",
+            "q8_0",
             "q4_1",
             "kivi4",
             "turbo3.5",
@@ -1967,36 +1908,12 @@ mod tests {
             "16 map words do not"
         );
         assert!(
-            with(&|f| {
+            !with(&|f| {
                 f.maps.scale_at = 130;
                 f.row_bytes = 200;
             }),
-            "a scale past the first 128 bytes is gathered"
+            "a scale past the first 128 bytes"
         );
-        assert!(
-            !with(&|f| {
-                f.maps.scale_at = 130;
-                f.row_bytes = 131;
-            }),
-            "a scale past the row"
-        );
-        let q8 = |f: &mut LevelFormat| {
-            f.codes = CodeLayout::Q8_0;
-            f.row_bytes = 136;
-            f.maps.channels = 32;
-            f.maps.stride = 34;
-        };
-        assert!(with(&q8), "q8_0");
-        assert!(!with(&|f| {
-            q8(f);
-            f.row_bytes = 135;
-        }));
-        let sums = |f: &dyn Fn(&mut LevelFormat)| {
-            let mut format = packed;
-            f(&mut format);
-            format.sums_supported()
-        };
-        assert!(sums(&|_| ()) && !sums(&q8), "sums take 2-4 bits, not q8_0");
     }
 
     /// Each stream's positions, and the query's bytes, are permutations of the channels that
@@ -2145,10 +2062,7 @@ mod tests {
         }
         let mut rng = ChaCha8Rng::seed_from_u64(4);
         let rows = 75;
-        let summed = level_codecs(rows)
-            .into_iter()
-            .filter(|(_, _, format, ..)| format.sums_supported());
-        for (name, codec, format, bytes, _) in summed {
+        for (name, codec, format, bytes, _) in level_codecs(rows) {
             let w = format.width;
             for heads in [1, 4, 6] {
                 let weights: Vec<Vec<f32>> = (0..heads)

@@ -89,7 +89,7 @@ pub fn accumulate_group<C: Codec + ?Sized>(
     accs: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
-    if let Some(format) = integer_format(codec).filter(|f| f.sums_supported()) {
+    if let Some(format) = integer_format(codec) {
         return crate::levels::accumulate_group(&format, weights, blocks, accs, ahead);
     }
     let segments = codec.level_segments();
