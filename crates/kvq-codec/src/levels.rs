@@ -1561,6 +1561,22 @@ mod tests {
         (scale, offset)
     }
 
+    /// `values` (whole blocks of rows) encoded by `codec`, and the bytes decoded to its working
+    /// space.
+    fn encoded(codec: &dyn Codec, values: &[f32]) -> (Vec<u8>, Vec<f32>) {
+        let per_block = codec.block_tokens() * codec.head_dim();
+        let mut bytes = vec![0u8; values.len() / per_block * codec.block_bytes()];
+        for (v, b) in values
+            .chunks_exact(per_block)
+            .zip(bytes.chunks_exact_mut(codec.block_bytes()))
+        {
+            codec.encode(v, b).unwrap();
+        }
+        let mut working = vec![0f32; values.len() / codec.head_dim() * codec.working_len()];
+        codec.decode_working(&bytes, &mut working);
+        (bytes, working)
+    }
+
     /// A scheme with a level format: its label, codec, format, encoded rows and their
     /// working-space decoding.
     type LevelCase = (String, Box<dyn Codec>, LevelFormat, Vec<u8>, Vec<f32>);
@@ -1583,15 +1599,7 @@ mod tests {
                     let values: Vec<f32> = (0..rows * head_dim)
                         .map(|i| rng.gen_range(-1.0..1.0f32) * if i % 13 == 2 { 9.0 } else { 1.0 })
                         .collect();
-                    let mut bytes = vec![0u8; rows * codec.block_bytes()];
-                    for (v, b) in values
-                        .chunks_exact(head_dim)
-                        .zip(bytes.chunks_exact_mut(codec.block_bytes()))
-                    {
-                        codec.encode(v, b).unwrap();
-                    }
-                    let mut working = vec![0f32; rows * codec.working_len()];
-                    codec.decode_working(&bytes, &mut working);
+                    let (bytes, working) = encoded(codec.as_ref(), &values);
                     out.push((
                         format!("{name} {role:?} d{head_dim}"),
                         codec,
@@ -1629,20 +1637,7 @@ mod tests {
                 let values: Vec<f32> = (0..rows * head_dim)
                     .map(|i| rng.gen_range(-1.0..1.0f32) * (1 + i % 7) as f32)
                     .collect();
-                let mut bytes = vec![0u8; blocks * codec.block_bytes()];
-                for (v, b) in values
-                    .chunks_exact(layout.tokens * head_dim)
-                    .zip(bytes.chunks_exact_mut(codec.block_bytes()))
-                {
-                    codec.encode(v, b).unwrap();
-                }
-                let mut keys = vec![0f32; rows * head_dim];
-                for (b, k) in bytes
-                    .chunks_exact(codec.block_bytes())
-                    .zip(keys.chunks_exact_mut(layout.tokens * head_dim))
-                {
-                    codec.decode(b, k);
-                }
+                let (bytes, keys) = encoded(codec.as_ref(), &values);
                 let heads = 1 + checked % 6;
                 let queries: Vec<Vec<f32>> = (0..heads)
                     .map(|_| (0..head_dim).map(|_| rng.gen_range(-1.0..1.0)).collect())
@@ -1798,19 +1793,10 @@ mod tests {
                         segments[1].first + segments[1].format.width,
                         codec.working_len()
                     );
-                    let rows = 5;
-                    let values: Vec<f32> = (0..rows * head_dim)
+                    let values: Vec<f32> = (0..5 * head_dim)
                         .map(|_| rng.gen_range(-1.0..1.0))
                         .collect();
-                    let mut bytes = vec![0u8; rows * codec.block_bytes()];
-                    for (v, b) in values
-                        .chunks_exact(head_dim)
-                        .zip(bytes.chunks_exact_mut(codec.block_bytes()))
-                    {
-                        codec.encode(v, b).unwrap();
-                    }
-                    let mut working = vec![0f32; rows * codec.working_len()];
-                    codec.decode_working(&bytes, &mut working);
+                    let (bytes, working) = encoded(codec.as_ref(), &values);
                     for s in segments {
                         for (t, row) in bytes.chunks_exact(codec.block_bytes()).enumerate() {
                             for c in 0..s.format.width {
