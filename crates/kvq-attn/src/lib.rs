@@ -4,9 +4,9 @@
 //! (prefill) or one (decode). Scores and the value sum are computed by the codecs' group
 //! kernels on the stored bytes — at most a small L1 tile of rows is decoded at a time, nothing
 //! the size of the cache; the kernels prefetch the next span's bytes into L2, a share at a
-//! time, while they compute the current one. The softmax exponentials run in a vector kernel. Work is split over
-//! (query, KV head, run of context) items on rayon's pool; each item keeps an online-softmax
-//! state, and states of the same query and head are merged at the end.
+//! time, while they compute the current one. The softmax exponentials run in a vector kernel.
+//! Work is split over (query, KV head, run of context) items on rayon's pool; each item keeps
+//! an online-softmax state, and states of the same query and head are merged at the end.
 //!
 //! Grouped-query attention is handled by scoring every query head of a group against the same
 //! KV head. Causality and sliding windows are masks on positions.

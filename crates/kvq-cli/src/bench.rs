@@ -118,20 +118,18 @@ pub fn copy_bandwidth() -> f64 {
     n as f64 / median(times)
 }
 
-/// A one-layer cache of `ctx` random tokens.
+/// A one-layer cache of `ctx` random tokens in pages of `page_tokens`.
 fn synthetic_cache(
     spec: KvSpec,
     shape: LayerShape,
     ctx: usize,
     seed: u64,
-    page_tokens: Option<usize>,
+    page_tokens: usize,
 ) -> Result<KvCache> {
-    let defaults = CacheOptions::default();
     let options = CacheOptions {
         max_append_tokens: 1024,
-        page_tokens: page_tokens
-            .unwrap_or_else(|| crate::args::default_page_tokens(&[spec.k, spec.v])),
-        ..defaults
+        page_tokens,
+        ..CacheOptions::default()
     };
     let mut cal = Calibration::default();
     if matches!(spec.k, kvq_codec::SchemeKind::Oaken)
@@ -215,6 +213,10 @@ fn attention(a: AttentionArgs) -> Result<()> {
         window: None,
     };
     kvq_codec::levels::set_enabled(!a.f32_attention);
+    let page_tokens = |spec: KvSpec| {
+        a.page_tokens
+            .unwrap_or_else(|| crate::args::default_page_tokens(&[spec.k, spec.v]))
+    };
     // Median and fastest times of the f16 cache and of each scheme, measured in turns.
     let time = |ctx: usize| -> Result<Vec<(f64, f64, usize)>> {
         let all: Vec<KvSpec> = std::iter::once(KvSpec::parse("f16")?)
@@ -222,7 +224,7 @@ fn attention(a: AttentionArgs) -> Result<()> {
             .collect();
         let caches: Vec<KvCache> = all
             .iter()
-            .map(|&spec| synthetic_cache(spec, shape, ctx, 1, a.page_tokens))
+            .map(|&spec| synthetic_cache(spec, shape, ctx, 1, page_tokens(spec)))
             .collect::<Result<_>>()?;
         let views: Vec<_> = caches
             .iter()
@@ -262,7 +264,7 @@ fn attention(a: AttentionArgs) -> Result<()> {
                 "baseline_bytes_read": base_bytes, "baseline_gb_per_s": base_bytes as f64 / base_s / 1e9,
                 "copy_gb_per_s": copy / 1e9, "threads": rayon::current_num_threads(),
                 "kernels": if kvq_codec::levels::available() { "int8" } else { "f32" },
-                "page_tokens": a.page_tokens.unwrap_or_else(|| crate::args::default_page_tokens(&[spec.k, spec.v])),
+                "page_tokens": page_tokens(spec),
             }));
         }
     }

@@ -352,8 +352,9 @@ pub fn query_slots(width: usize) -> usize {
 const QUERY_MAP: usize = 3;
 
 /// Writes the i8 form of `query` (the format's `width` values, in channel order) into `out`
-/// ([`query_slots`] long): the codes in [`LevelFormat::query_channel`]'s order, four to a slot, then for
-/// each group its scale `σ_g` (largest magnitude / 127), `σ_g·Σ codes` and the exact `Σ q`.
+/// ([`query_slots`] long): the codes in [`LevelFormat::query_channel`]'s order, four to a
+/// slot, then for each group its scale `σ_g` (largest magnitude / 127), `σ_g·Σ codes` and the
+/// exact `Σ q`.
 pub fn quantize_query(format: &LevelFormat, query: &[f32], out: &mut [f32]) {
     let width = query.len();
     assert!(width == format.width && out.len() == query_slots(width));

@@ -1,9 +1,11 @@
-//! The default group kernels. Codecs with a [`crate::levels::LevelFormat`] go to the integer
-//! kernels of [`crate::levels`] where the CPU has them. Otherwise a run of blocks is decoded, a few rows at a time, into a small
-//! f32 tile in the codec's working space ([`Codec::decode_working`]), and the tile is scored
-//! and accumulated for every query head of the group by the register-blocked float kernels of
-//! [`crate::simd`]. The tile holds at most [`TILE_ROWS`] rows (or one block, if larger) and
-//! stays in the L1 cache; nothing the size of the cache is ever decoded.
+//! The default group kernels. Codecs that describe their levels ([`Codec::level_format`],
+//! [`Codec::level_segments`], and for scores [`Codec::channel_blocks`]) go to the integer
+//! kernels of [`crate::levels`] where the CPU has them. Otherwise a run of blocks is decoded,
+//! a few rows at a time, into a small f32 tile in the codec's working space
+//! ([`Codec::decode_working`]), and the tile is scored and accumulated for every query head of
+//! the group by the register-blocked float kernels of [`crate::simd`]. The tile holds at most
+//! [`TILE_ROWS`] rows (or one block, if larger) and stays in the L1 cache; nothing the size of
+//! the cache is ever decoded.
 
 use crate::simd::{axpy_rows_group, dot_rows_group, f32_bytes, Ahead, RowFormat};
 use crate::Codec;
