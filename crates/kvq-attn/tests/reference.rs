@@ -16,6 +16,7 @@ type HeadRows = (Vec<Vec<f32>>, Vec<Vec<f32>>);
 
 /// Decoded (position → per-head key and value rows) of a layer view.
 fn decoded(view: &LayerView) -> Vec<(usize, HeadRows)> {
+    let d = view.head_dim;
     let mut by_pos: std::collections::BTreeMap<usize, HeadRows> = Default::default();
     for span in &view.spans {
         for h in 0..view.kv_heads {
@@ -24,8 +25,8 @@ fn decoded(view: &LayerView) -> Vec<(usize, HeadRows)> {
                 let e = by_pos
                     .entry(span.first_pos + t)
                     .or_insert_with(|| (vec![vec![]; KV_HEADS], vec![vec![]; KV_HEADS]));
-                e.0[h] = k[t * D..(t + 1) * D].to_vec();
-                e.1[h] = v[t * D..(t + 1) * D].to_vec();
+                e.0[h] = k[t * d..(t + 1) * d].to_vec();
+                e.1[h] = v[t * d..(t + 1) * d].to_vec();
             }
         }
     }
@@ -33,12 +34,12 @@ fn decoded(view: &LayerView) -> Vec<(usize, HeadRows)> {
 }
 
 fn reference(view: &LayerView, q: &[f32], positions: &[usize], params: &AttnParams) -> Vec<f32> {
-    let rows = decoded(view);
+    let (rows, d) = (decoded(view), view.head_dim);
     let mut out = Vec::new();
     for (i, &pos) in positions.iter().enumerate() {
         for qh in 0..Q_HEADS {
             let kh = qh / (Q_HEADS / KV_HEADS);
-            let query = &q[(i * Q_HEADS + qh) * D..][..D];
+            let query = &q[(i * Q_HEADS + qh) * d..][..d];
             let visible: Vec<&(usize, HeadRows)> = rows
                 .iter()
                 .filter(|(p, _)| *p <= pos && params.window.is_none_or(|w| pos - p < w))
@@ -56,7 +57,7 @@ fn reference(view: &LayerView, q: &[f32], positions: &[usize], params: &AttnPara
                 .collect();
             let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
-            let mut o = vec![0f64; D];
+            let mut o = vec![0f64; d];
             for (s, (_, (_, v))) in scores.iter().zip(&visible) {
                 for (oi, vi) in o.iter_mut().zip(&v[kh]) {
                     *oi += (s - m).exp() / z * f64::from(*vi);
@@ -69,10 +70,22 @@ fn reference(view: &LayerView, q: &[f32], positions: &[usize], params: &AttnPara
 }
 
 fn check(spec: &str, options: CacheOptions, window: Option<usize>, ctx: usize, queries: usize) {
+    check_dim(spec, D, options, window, ctx, queries);
+}
+
+/// [`check`] at `head_dim`.
+fn check_dim(
+    spec: &str,
+    head_dim: usize,
+    options: CacheOptions,
+    window: Option<usize>,
+    ctx: usize,
+    queries: usize,
+) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(ctx as u64 + queries as u64);
     let shape = LayerShape {
         kv_heads: KV_HEADS,
-        head_dim: D,
+        head_dim,
         window,
     };
     let cal = memory::sizing_calibration();
@@ -80,11 +93,11 @@ fn check(spec: &str, options: CacheOptions, window: Option<usize>, ctx: usize, q
     let mut cache =
         KvCache::new(&[shape], &policy, &[(cal.clone(), cal)], options, ctx, 1).unwrap();
     let seq = cache.add_sequence();
-    let n = ctx * KV_HEADS * D;
+    let n = ctx * KV_HEADS * head_dim;
     let k: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let before = ctx - queries;
-    let row = KV_HEADS * D;
+    let row = KV_HEADS * head_dim;
     // Appends stay within the cache's `max_append_tokens`, as a model's prefill chunks do.
     for start in (0..before).step_by(64) {
         let end = (start + 64).min(before);
@@ -101,13 +114,13 @@ fn check(spec: &str, options: CacheOptions, window: Option<usize>, ctx: usize, q
     cache
         .append(seq, 0, &k[before * row..], &v[before * row..], queries)
         .unwrap();
-    let q: Vec<f32> = (0..queries * Q_HEADS * D)
+    let q: Vec<f32> = (0..queries * Q_HEADS * head_dim)
         .map(|_| rng.gen_range(-3.0..3.0))
         .collect();
     let positions: Vec<usize> = (before..ctx).collect();
     let params = AttnParams {
         q_heads: Q_HEADS,
-        scale: 0.125,
+        scale: 1.0 / (head_dim as f32).sqrt(),
         window,
     };
     let view = cache.view(seq, 0).unwrap();
@@ -121,8 +134,9 @@ fn check(spec: &str, options: CacheOptions, window: Option<usize>, ctx: usize, q
         attend(&view, &q, &positions, &params, &mut out);
         // The integer kernels round queries and weights to i8 (kvq_codec::levels, where the
         // bounds are checked exactly). Here scores move by up to ~0.01 and a weight by up to
-        // 1/254 of its tile's largest, so outputs move by up to 8.3e-3 (measured, kivi4 with a
-        // window: a handful of large weights); a masking or merging error moves them by ~0.1.
+        // 1/254 of its tile's largest, so outputs move by up to 9.0e-3 (measured: turbo3 at
+        // head_dim 128 with a window, a handful of large weights); a masking or merging error
+        // moves them by ~0.1.
         let tolerance = if integer && kvq_codec::levels::available() {
             1.2e-2
         } else {
@@ -163,6 +177,16 @@ fn decode_and_prefill_match_plain_attention_for_every_kind_of_codec() {
         check(spec, opts, None, 200, 40);
         check(spec, opts, Some(50), 300, 1);
         check(spec, opts, Some(50), 150, 33);
+    }
+    // Head sizes whose runs the integer kernels read: TurboQuant's two codebooks, KIVI's
+    // channel blocks of 128 tokens.
+    let opts = CacheOptions {
+        page_tokens: 128,
+        ..opts
+    };
+    for spec in ["turbo3.5", "turbo2.5", "kivi2-g128"] {
+        check_dim(spec, 128, opts, None, 300, 1);
+        check_dim(spec, 128, opts, Some(90), 200, 17);
     }
 }
 
