@@ -1022,35 +1022,84 @@ mod avx512 {
         for (h, q) in queries.iter().enumerate() {
             let slot = out.as_mut_ptr().add(h * slots);
             let mut bias = _mm512_setzero_ps();
-            for g in 0..w / GROUP {
-                let mut scaled = [_mm512_setzero_ps(); 2];
-                let mut largest = _mm512_setzero_ps();
-                for (k, s) in scaled.iter_mut().enumerate() {
-                    let j = 2 * g + k;
-                    let x = _mm512_loadu_ps(q.as_ptr().add(16 * j));
-                    *s = _mm512_mul_ps(x, scales[j].assume_init());
-                    bias = _mm512_fmadd_ps(x, mins[j].assume_init(), bias);
-                    bias = _mm512_fmadd_ps(*s, center, bias);
-                    largest = _mm512_max_ps(largest, _mm512_abs_ps(*s));
+            // Four groups at a time, their lane reductions together.
+            for g0 in (0..w / GROUP).step_by(4) {
+                let mut scaled = [[_mm512_setzero_ps(); 2]; 4];
+                let mut largest = [_mm512_setzero_ps(); 4];
+                for (gi, (s, l)) in scaled.iter_mut().zip(&mut largest).enumerate() {
+                    for (k, s) in s.iter_mut().enumerate().filter(|_| g0 + gi < w / GROUP) {
+                        let j = 2 * (g0 + gi) + k;
+                        let x = _mm512_loadu_ps(q.as_ptr().add(16 * j));
+                        *s = _mm512_mul_ps(x, scales[j].assume_init());
+                        bias = _mm512_fmadd_ps(x, mins[j].assume_init(), bias);
+                        bias = _mm512_fmadd_ps(*s, center, bias);
+                        *l = _mm512_max_ps(*l, _mm512_abs_ps(*s));
+                    }
                 }
-                let sigma = _mm512_reduce_max_ps(largest) / 127.0;
-                let inv = _mm512_set1_ps(if sigma > 0.0 { 1.0 / sigma } else { 0.0 });
-                let codes = scaled.map(|s| _mm512_cvtps_epi32(_mm512_mul_ps(s, inv)));
-                let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(codes[0], codes[1]));
-                let bytes = _mm256_inserti128_si256::<1>(
-                    _mm256_castsi128_si256(_mm512_cvtepi32_epi8(codes[0])),
-                    _mm512_cvtepi32_epi8(codes[1]),
-                );
-                let placed = _mm512_permutexvar_epi8(idx, _mm512_castsi256_si512(bytes));
-                let at = (slot as *mut u8).add(GROUP * g);
-                _mm256_storeu_si256(at as *mut _, _mm512_castsi512_si256(placed));
-                let map = slot.add(w / 4 + QUERY_MAP * g);
-                *map = sigma;
-                *map.add(1) = sigma * sum as f32;
-                *map.add(2) = 0.0;
+                // σ = largest / 127 and 1/σ (0 for a zero group), lane g of each.
+                let sigma = _mm512_div_ps(max4(largest), _mm512_set1_ps(127.0));
+                let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(sigma, _mm512_setzero_ps());
+                let inv = _mm512_maskz_div_ps(positive, _mm512_set1_ps(1.0), sigma);
+                let (mut sigmas, mut invs) = ([0f32; 16], [0f32; 16]);
+                _mm512_storeu_ps(sigmas.as_mut_ptr(), sigma);
+                _mm512_storeu_ps(invs.as_mut_ptr(), inv);
+                let mut code_sums = [_mm512_setzero_si512(); 4];
+                for (gi, (s, sum)) in scaled.iter().zip(&mut code_sums).enumerate() {
+                    let g = g0 + gi;
+                    if g == w / GROUP {
+                        break;
+                    }
+                    let codes =
+                        s.map(|s| _mm512_cvtps_epi32(_mm512_mul_ps(s, _mm512_set1_ps(invs[gi]))));
+                    *sum = _mm512_add_epi32(codes[0], codes[1]);
+                    let bytes = _mm256_inserti128_si256::<1>(
+                        _mm256_castsi128_si256(_mm512_cvtepi32_epi8(codes[0])),
+                        _mm512_cvtepi32_epi8(codes[1]),
+                    );
+                    let placed = _mm512_permutexvar_epi8(idx, _mm512_castsi256_si512(bytes));
+                    let at = (slot as *mut u8).add(GROUP * g);
+                    _mm256_storeu_si256(at as *mut _, _mm512_castsi512_si256(placed));
+                }
+                let mut sums = [0i32; 16];
+                _mm512_storeu_si512(sums.as_mut_ptr() as *mut _, add4(code_sums));
+                for gi in 0..(w / GROUP - g0).min(4) {
+                    let map = slot.add(w / 4 + QUERY_MAP * (g0 + gi));
+                    *map = sigmas[gi];
+                    *map.add(1) = sigmas[gi] * sums[gi] as f32;
+                    *map.add(2) = 0.0;
+                }
             }
             biases[h] = _mm512_reduce_add_ps(bias);
         }
+    }
+
+    /// The largest lane of each of `v`, in lanes 0–3 (and again in each 128-bit lane).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+    unsafe fn max4(v: [__m512; 4]) -> __m512 {
+        let pair = |x, y| _mm512_max_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+        let (a, b) = (
+            _mm512_castps_pd(pair(v[0], v[1])),
+            _mm512_castps_pd(pair(v[2], v[3])),
+        );
+        let c = _mm512_max_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+        );
+        let d = _mm512_max_ps(c, _mm512_shuffle_f32x4::<0b01_00_11_10>(c, c));
+        _mm512_max_ps(d, _mm512_shuffle_f32x4::<0b10_11_00_01>(d, d))
+    }
+
+    /// The sum of each of `v`'s lanes, in lanes 0–3 (and again in each 128-bit lane).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+    unsafe fn add4(v: [__m512i; 4]) -> __m512i {
+        let pair =
+            |x, y| _mm512_add_epi32(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y));
+        let (a, b) = (pair(v[0], v[1]), pair(v[2], v[3]));
+        let c = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+        let d = _mm512_add_epi32(c, _mm512_shuffle_i32x4::<0b01_00_11_10>(c, c));
+        _mm512_add_epi32(d, _mm512_shuffle_i32x4::<0b10_11_00_01>(d, d))
     }
 
     /// Transposes 16 rows of 16 i32 lanes: lane `r` of output `j` is lane `j` of input `r`.
