@@ -37,6 +37,28 @@ impl Default for CacheOptions {
     }
 }
 
+/// Asks Linux to back `arena` with transparent huge pages (2 MiB) before it is touched:
+/// attention walks the cache span by span, and on 4 KiB pages the TLB misses cost it 10–17%
+/// at 32K context (bench/results/hugepages/). Advice only: where the kernel declines it, or
+/// off Linux, nothing changes.
+fn advise_huge_pages(arena: &mut [u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let first = arena.as_ptr() as usize;
+        let (start, end) = (
+            first.next_multiple_of(PAGE),
+            (first + arena.len()) / PAGE * PAGE,
+        );
+        if end > start {
+            // SAFETY: the range lies within `arena`, and the advice changes none of its bytes.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = arena;
+}
+
 /// A run of consecutive positions of one layer, stored either compressed (in a page, read with
 /// the layer's codecs) or in full precision (sinks and hot window, read with the view's
 /// `full_codec`). The rows of one KV head are contiguous.
@@ -246,6 +268,7 @@ impl KvCache {
             let mut pool = Self::empty_pool(l, shape, policy, calibration, &options)?;
             let pages = batch * memory::pages_per_sequence(shape, pool.flush_tokens, &options, ctx);
             pool.arena = vec![0u8; pages * pool.page_bytes()];
+            advise_huge_pages(&mut pool.arena);
             pool.refcount = vec![0; pages];
             pool.free = (0..pages as u32).rev().collect();
             layers.push(pool);
