@@ -38,9 +38,10 @@ impl Default for CacheOptions {
 }
 
 /// Asks Linux to back `arena` with transparent huge pages (2 MiB) before it is touched:
-/// attention walks the cache span by span, and on 4 KiB pages the TLB misses cost it 10–17%
-/// at 32K context (bench/results/hugepages/). Advice only: where the kernel declines it, or
-/// off Linux, nothing changes.
+/// attention walks the cache span by span, one TLB entry per 4 KiB page otherwise. At 32K
+/// context the fastest of three interleaved rounds moved 0–5% (kivi4 11%) and single rounds up
+/// to 17% (bench/results/hugepages/). Advice only: where the kernel declines it, or off Linux,
+/// nothing changes.
 fn advise_huge_pages(arena: &mut [u8]) {
     #[cfg(target_os = "linux")]
     {
