@@ -223,7 +223,8 @@ pub fn finish_segment_query(segments: &[LevelSegment], prepared: &mut [f32]) {
 }
 
 /// [`crate::Codec::score_group`] over segments: each run is scored by [`score_group`]'s
-/// kernel (the first stores, the others add) against its slots of the prepared queries.
+/// kernel (the first stores, the others add) against its slots of the prepared queries. One
+/// segment from channel 0 is [`score_group`] itself.
 pub fn score_segments(
     segments: &[LevelSegment],
     queries: &[&[f32]],
@@ -233,16 +234,13 @@ pub fn score_segments(
 ) {
     let mut after = segment_query_slots(segments);
     for (k, s) in segments.iter().enumerate() {
-        let ends: Vec<&[f32]> = queries
-            .iter()
-            .map(|q| &q[..q.len() - after + query_slots(s.format.width)])
-            .collect();
         after -= query_slots(s.format.width);
-        score_into(&s.format, &ends, blocks, scores, ahead, k > 0);
+        score_into(&s.format, after, queries, blocks, scores, ahead, k > 0);
     }
 }
 
-/// [`crate::Codec::accumulate_group`] over segments: each run adds into its channels.
+/// [`crate::Codec::accumulate_group`] over segments: each run adds into its channels. One
+/// segment from channel 0 is [`accumulate_group`] itself.
 pub fn accumulate_segments(
     segments: &[LevelSegment],
     weights: &[&[f32]],
@@ -251,11 +249,7 @@ pub fn accumulate_segments(
     ahead: &mut Ahead,
 ) {
     for s in segments {
-        let mut runs: Vec<&mut [f32]> = accs
-            .iter_mut()
-            .map(|a| &mut a[s.first..][..s.format.width])
-            .collect();
-        accumulate_group(&s.format, weights, blocks, &mut runs, ahead);
+        accumulate_into(&s.format, s.first, weights, blocks, accs, ahead);
     }
 }
 
@@ -406,7 +400,7 @@ struct Tile {
 }
 
 /// A thread's tile, the decoders of the last few formats it read (keys and values usually
-/// differ), and the i8 queries of a block of per-channel maps.
+/// differ), and the i8 queries and biases of a block of per-channel maps.
 #[derive(Default)]
 struct Scratch {
     tile: Tile,
@@ -484,12 +478,14 @@ pub fn score_group(
     scores: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
-    score_into(format, queries, blocks, scores, ahead, false);
+    score_into(format, 0, queries, blocks, scores, ahead, false);
 }
 
-/// [`score_group`], adding to `scores` if `add`.
+/// [`score_group`] with the format's slots followed by `slots_after` more at the end of each
+/// query, adding to `scores` if `add`.
 fn score_into(
     format: &LevelFormat,
+    slots_after: usize,
     queries: &[&[f32]],
     blocks: &[u8],
     scores: &mut [&mut [f32]],
@@ -498,7 +494,7 @@ fn score_into(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        let slots = query_slots(format.width);
+        let slots = query_slots(format.width) + slots_after;
         assert!(queries.iter().all(|q| q.len() >= slots));
         let slot = |h: usize| queries[h][queries[h].len() - slots..].as_ptr();
         for_each_tile(format, blocks, |first, rows, tile, decoder| {
@@ -543,8 +539,9 @@ pub fn score_channel_blocks(
         let order: [u8; GROUP] = std::array::from_fn(|i| rows_format.query_channel(i) as u8);
         with_scratch(&rows_format, |tile, decoder, block_queries| {
             tile.scales.fill(1.0);
-            block_queries.resize(heads * slots, 0.0);
-            let mut biases = vec![0f32; heads];
+            // Each head's i8 query slots, then each head's bias.
+            block_queries.resize(heads * (slots + 1), 0.0);
+            let (prepared, biases) = block_queries.split_at_mut(heads * slots);
             for (b, block) in blocks.chunks_exact(layout.block_bytes()).enumerate() {
                 let (maps, rows) = block.split_at(header);
                 // SAFETY: the CPU has the kernels (`with_scratch`); `maps` holds `width`
@@ -555,11 +552,11 @@ pub fn score_channel_blocks(
                         rows_format.center(),
                         queries,
                         &order,
-                        block_queries,
-                        &mut biases,
+                        prepared,
+                        biases,
                     )
                 };
-                let slot = |h: usize| block_queries[h * slots..].as_ptr();
+                let slot = |h: usize| prepared[h * slots..].as_ptr();
                 for (i, tile_rows) in rows.chunks(TILE_ROWS * rows_format.row_bytes).enumerate() {
                     let first = b * layout.tokens + i * TILE_ROWS;
                     // SAFETY: as in `score_group`, with the row scales set to 1.
@@ -569,7 +566,7 @@ pub fn score_channel_blocks(
                         )
                     };
                 }
-                for (s, bias) in scores.iter_mut().zip(&biases) {
+                for (s, bias) in scores.iter_mut().zip(biases.iter()) {
                     s[b * layout.tokens..][..layout.tokens]
                         .iter_mut()
                         .for_each(|x| *x += bias);
@@ -588,11 +585,25 @@ pub fn accumulate_group(
     accs: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
+    accumulate_into(format, 0, weights, blocks, accs, ahead);
+}
+
+/// [`accumulate_group`] into channels `channel..channel + width` of the accumulators.
+fn accumulate_into(
+    format: &LevelFormat,
+    channel: usize,
+    weights: &[&[f32]],
+    blocks: &[u8],
+    accs: &mut [&mut [f32]],
+    ahead: &mut Ahead,
+) {
     #[cfg(target_arch = "x86_64")]
     for_each_tile(format, blocks, |first, rows, tile, decoder| {
-        // SAFETY: as in `for_each_tile`; each weight row holds the tile's rows and each
-        // accumulator `width` values.
-        unsafe { avx512::accumulate_tile(tile, decoder, rows, first, weights, accs, ahead) };
+        // SAFETY: as in `for_each_tile`; each weight row holds the tile's rows, and
+        // `accumulate_tile` checks that each accumulator holds the channels.
+        unsafe {
+            avx512::accumulate_tile(tile, decoder, rows, first, weights, accs, channel, ahead)
+        };
     });
 }
 
@@ -1271,7 +1282,9 @@ mod avx512 {
         center_sums: [[f32; MAX_GROUPS]; SUM_HEADS],
     }
 
-    /// `accs[h] += Σ_t weights[h][first + t]·row_t` over the tile's rows.
+    /// `accs[h][channel..channel + width] += Σ_t weights[h][first + t]·row_t` over the tile's
+    /// rows.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     pub unsafe fn accumulate_tile(
         tile: &mut Tile,
@@ -1280,6 +1293,7 @@ mod avx512 {
         first: usize,
         weights: &[&[f32]],
         accs: &mut [&mut [f32]],
+        channel: usize,
         ahead: &mut Ahead,
     ) {
         let format = &decoder.format;
@@ -1290,7 +1304,7 @@ mod avx512 {
         let has_min = format.maps.min_at.is_some();
         assert!(maps <= MAX_GROUPS && n <= TILE_ROWS);
         assert!(weights.iter().all(|x| x.len() >= first + n));
-        assert!(accs.iter().all(|a| a.len() >= w));
+        assert!(accs.iter().all(|a| a.len() >= channel + w));
         assert!(tile.weights.len() >= SUM_HEADS * maps * TILE_ROWS);
         // Lanes of 16 rows, masked to the tile's rows.
         let masks: [__mmask16; VECTORS] =
@@ -1367,14 +1381,14 @@ mod avx512 {
             }
             let accs = &mut accs[h0..h0 + heads];
             match (heads, format.code_bits()) {
-                (1, 4) => sums_of_nibbles::<1>(tile, decoder, rows, &rounded, accs, ahead),
-                (2, 4) => sums_of_nibbles::<2>(tile, decoder, rows, &rounded, accs, ahead),
-                (3, 4) => sums_of_nibbles::<3>(tile, decoder, rows, &rounded, accs, ahead),
-                (_, 4) => sums_of_nibbles::<4>(tile, decoder, rows, &rounded, accs, ahead),
-                (1, _) => sums_of_levels::<1>(tile, decoder, rows, &rounded, accs, ahead),
-                (2, _) => sums_of_levels::<2>(tile, decoder, rows, &rounded, accs, ahead),
-                (3, _) => sums_of_levels::<3>(tile, decoder, rows, &rounded, accs, ahead),
-                _ => sums_of_levels::<4>(tile, decoder, rows, &rounded, accs, ahead),
+                (1, 4) => sums_of_nibbles::<1>(tile, decoder, rows, &rounded, accs, channel, ahead),
+                (2, 4) => sums_of_nibbles::<2>(tile, decoder, rows, &rounded, accs, channel, ahead),
+                (3, 4) => sums_of_nibbles::<3>(tile, decoder, rows, &rounded, accs, channel, ahead),
+                (_, 4) => sums_of_nibbles::<4>(tile, decoder, rows, &rounded, accs, channel, ahead),
+                (1, _) => sums_of_levels::<1>(tile, decoder, rows, &rounded, accs, channel, ahead),
+                (2, _) => sums_of_levels::<2>(tile, decoder, rows, &rounded, accs, channel, ahead),
+                (3, _) => sums_of_levels::<3>(tile, decoder, rows, &rounded, accs, channel, ahead),
+                _ => sums_of_levels::<4>(tile, decoder, rows, &rounded, accs, channel, ahead),
             }
         }
     }
@@ -1445,6 +1459,7 @@ mod avx512 {
         rows: &[u8],
         rounded: &Rounded,
         accs: &mut [&mut [f32]],
+        channel: usize,
         ahead: &mut Ahead,
     ) {
         let format = &decoder.format;
@@ -1458,7 +1473,7 @@ mod avx512 {
             _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31),
         ];
         let packed = matches!(format.codes, CodeLayout::Packed { .. });
-        let acc: [*mut f32; H] = std::array::from_fn(|h| accs[h].as_mut_ptr());
+        let acc: [*mut f32; H] = std::array::from_fn(|h| accs[h].as_mut_ptr().add(channel));
         for c in 0..w.div_ceil(128) {
             let halves = if decoder.is_tail(c) { 1 } else { 2 };
             for half in 0..halves {
@@ -1518,12 +1533,13 @@ mod avx512 {
         rows: &[u8],
         rounded: &Rounded,
         accs: &mut [&mut [f32]],
+        channel: usize,
         ahead: &mut Ahead,
     ) {
         let (w, rb) = (decoder.format.width, decoder.format.row_bytes);
         let n = rows.len() / rb;
         let (lo, hi) = (pair_permute(|b| b), pair_permute(|b| 32 + b));
-        let acc: [*mut f32; H] = std::array::from_fn(|h| accs[h].as_mut_ptr());
+        let acc: [*mut f32; H] = std::array::from_fn(|h| accs[h].as_mut_ptr().add(channel));
         for half in 0..w / 64 {
             let mut sums = [[_mm512_setzero_si512(); 4]; H];
             let weights = pair_weights::<H>(tile, rounded, 2 * half);

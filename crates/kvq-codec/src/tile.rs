@@ -7,6 +7,7 @@
 //! [`TILE_ROWS`] rows (or one block, if larger) and stays in the L1 cache; nothing the size of
 //! the cache is ever decoded.
 
+use crate::levels::LevelSegment;
 use crate::simd::{axpy_rows_group, dot_rows_group, f32_bytes, Ahead, RowFormat};
 use crate::Codec;
 use std::cell::RefCell;
@@ -38,9 +39,23 @@ fn for_each_tile<C: Codec + ?Sized>(codec: &C, blocks: &[u8], mut f: impl FnMut(
     });
 }
 
-/// The codec's level format (supported by contract), when the CPU runs the integer kernels.
-fn integer_format<C: Codec + ?Sized>(codec: &C) -> Option<crate::levels::LevelFormat> {
-    codec.level_format().filter(|_| crate::levels::available())
+/// `f` of the runs of levels the integer kernels read (supported by contract), when the CPU
+/// runs them: the codec's level format as one run from channel 0, or its runs.
+fn with_integer_runs<C: Codec + ?Sized, R>(
+    codec: &C,
+    f: impl FnOnce(&[LevelSegment]) -> R,
+) -> Option<R> {
+    if !crate::levels::available() {
+        return None;
+    }
+    let single = codec
+        .level_format()
+        .map(|format| LevelSegment { first: 0, format });
+    let runs = match &single {
+        Some(run) => std::slice::from_ref(run),
+        None => codec.level_segments(),
+    };
+    (!runs.is_empty()).then(|| f(runs))
 }
 
 /// [`Codec::score_group`] through decoded tiles.
@@ -51,12 +66,11 @@ pub fn score_group<C: Codec + ?Sized>(
     scores: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
-    if let Some(format) = integer_format(codec) {
-        return crate::levels::score_group(&format, queries, blocks, scores, ahead);
-    }
-    let segments = codec.level_segments();
-    if !segments.is_empty() && crate::levels::available() {
-        return crate::levels::score_segments(segments, queries, blocks, scores, ahead);
+    let integer = with_integer_runs(codec, |runs| {
+        crate::levels::score_segments(runs, queries, blocks, scores, ahead)
+    });
+    if integer.is_some() {
+        return;
     }
     if let Some(layout) = codec
         .channel_blocks()
@@ -91,12 +105,11 @@ pub fn accumulate_group<C: Codec + ?Sized>(
     accs: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
-    if let Some(format) = integer_format(codec) {
-        return crate::levels::accumulate_group(&format, weights, blocks, accs, ahead);
-    }
-    let segments = codec.level_segments();
-    if !segments.is_empty() && crate::levels::available() {
-        return crate::levels::accumulate_segments(segments, weights, blocks, accs, ahead);
+    let integer = with_integer_runs(codec, |runs| {
+        crate::levels::accumulate_segments(runs, weights, blocks, accs, ahead)
+    });
+    if integer.is_some() {
+        return;
     }
     let width = codec.working_len();
     let mut accs: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..width]).collect();

@@ -393,21 +393,21 @@ fn group_kernels_equal_one_head_at_a_time() {
                 codec.accumulate_group(&w_refs, &bytes, &mut a_refs, &mut Ahead::none());
                 // The integer kernels round the query and the weights to i8 (kvq_codec::levels):
                 // their results are within the rounding bounds of the exact ones.
-                let integer = codec
+                let available = kvq_codec::levels::available();
+                let channel = codec.channel_blocks().filter(|_| available);
+                // Runs of levels (a level format is one run from channel 0): each run's bound
+                // on its channels.
+                let single = codec
                     .level_format()
-                    .filter(|f| f.supported() && kvq_codec::levels::available());
-                let channel = codec
-                    .channel_blocks()
-                    .filter(|_| kvq_codec::levels::available());
-                // Runs of levels: each run's bound on its channels.
-                let segments = if kvq_codec::levels::available() {
-                    codec.level_segments()
-                } else {
-                    &[]
+                    .filter(|f| f.supported())
+                    .map(|format| kvq_codec::levels::LevelSegment { first: 0, format });
+                let runs = match &single {
+                    _ if !available => &[],
+                    Some(run) => std::slice::from_ref(run),
+                    None => codec.level_segments(),
                 };
-                let segment_of = |c: usize| {
-                    segments
-                        .iter()
+                let run_of = |c: usize| {
+                    runs.iter()
                         .find(|s| (s.first..s.first + s.format.width).contains(&c))
                 };
                 let mut working = vec![0f32; rows_n * codec.working_len()];
@@ -418,17 +418,14 @@ fn group_kernels_equal_one_head_at_a_time() {
                     codec.score(&prepared[h], &bytes, &mut one);
                     let scale = one.iter().map(|v| v.abs()).fold(1.0f32, f32::max);
                     for (t, (a, b)) in grouped[h].iter().zip(&one).enumerate() {
-                        let bound = match (integer, channel) {
-                            (Some(f), _) => {
-                                score_bound(&f, &prepared[h], k_row(t), &bytes[t * bb..][..bb])
-                            }
-                            (_, Some(l)) => channel_score_bound(
+                        let bound = match channel {
+                            Some(l) => channel_score_bound(
                                 &l,
                                 &prepared[h],
                                 k_row(t),
                                 &bytes[t / bt * bb..][..bb],
                             ),
-                            _ => segments
+                            None => runs
                                 .iter()
                                 .map(|s| {
                                     let run = s.first..s.first + s.format.width;
@@ -450,11 +447,9 @@ fn group_kernels_equal_one_head_at_a_time() {
                     codec.accumulate(&weights[h], &bytes, &mut acc);
                     let scale = acc.iter().map(|v| v.abs()).fold(1.0f32, f32::max);
                     for (c, (a, b)) in accs[h].iter().zip(&acc).enumerate() {
-                        let bound = match (integer, segment_of(c)) {
-                            (Some(f), _) => sum_bound(&f, &weights[h], &bytes, c),
-                            (_, Some(s)) => sum_bound(&s.format, &weights[h], &bytes, c - s.first),
-                            _ => 0.0,
-                        };
+                        let bound = run_of(c).map_or(0.0, |s| {
+                            sum_bound(&s.format, &weights[h], &bytes, c - s.first)
+                        });
                         assert!(
                             (a - b).abs() <= 1e-4 * scale + bound,
                             "{name} d{head_dim} {role:?} accumulate head {h}: {a} vs {b}"
