@@ -3,8 +3,9 @@
 //! Attention over a [`LayerView`] of the compressed cache, for any number of query tokens
 //! (prefill) or one (decode). Scores and the value sum are computed by the codecs' group
 //! kernels on the stored bytes — at most a small L1 tile of rows is decoded at a time, nothing
-//! the size of the cache; the kernels prefetch the next span's bytes into L2, a share at a
-//! time, while they compute the current one. The softmax exponentials run in a vector kernel.
+//! the size of the cache. Pages that follow each other in the pool are read as one run
+//! ([`RowSpan::joined`]); the kernels prefetch the bytes a few KiB ahead into L2, a share at a
+//! time, while they compute. The softmax exponentials run in a vector kernel.
 //! Work is split over (query, KV head, run of context) items on rayon's pool; each item keeps
 //! an online-softmax state, and states of the same query and head are merged at the end.
 //!
@@ -237,23 +238,33 @@ fn attend_run(
     let mut score_rows: Vec<&mut [f32]> = Vec::with_capacity(group);
     let mut weight_rows: Vec<&[f32]> = Vec::with_capacity(group);
     let mut acc_rows: Vec<&mut [f32]> = Vec::with_capacity(group);
-    let spans = &view.spans[item.spans.clone()];
-    for (i, span) in spans.iter().enumerate() {
-        // The next span's keys load while this one is scored, its values while this one is
-        // summed, spread over the kernels' rows (the kernels leave the rest to this loop).
-        let next = spans.get(i + 1);
-        let Some((from, to)) = visible(span, pos, params.window) else {
-            if let Some(next) = next {
-                Ahead::new(next.keys(item.kv_head), 1).rest();
-                Ahead::new(next.values(item.kv_head), 1).rest();
-            }
-            continue;
-        };
-        let (k_codec, v_codec, align) = if span.compressed() {
+    // Pages that follow each other in the pool are read in runs of up to `RUN_KEY_BYTES`.
+    let key_row_bytes = view.k_codec.block_bytes() / view.k_codec.block_tokens();
+    let spans = &RowSpan::joined(
+        &view.spans[item.spans.clone()],
+        (RUN_KEY_BYTES / key_row_bytes).max(1),
+    );
+    let codecs = |span: &RowSpan| {
+        if span.compressed() {
             (view.k_codec, view.v_codec, view.flush_tokens)
         } else {
             (view.full_codec, view.full_codec, 1)
+        }
+    };
+    for (i, span) in spans.iter().enumerate() {
+        // Keys load `LEAD_BYTES` before they are scored, values before they are summed,
+        // the prefetches spread over the kernels' rows (the kernels leave the rest to this
+        // loop): the rest of this span, then the start of the next one.
+        let next = spans.get(i + 1);
+        let Some((from, to)) = visible(span, pos, params.window) else {
+            if let Some(next) = next {
+                let (k_codec, v_codec, _) = codecs(next);
+                Ahead::new(lead(next.keys(item.kv_head), k_codec), 1).rest();
+                Ahead::new(lead(next.values(item.kv_head), v_codec), 1).rest();
+            }
+            continue;
         };
+        let (k_codec, v_codec, align) = codecs(span);
         // Whole blocks of both codecs that cover the visible rows.
         let (first, last) = (from / align * align, to.div_ceil(align) * align);
         let bytes = |c: &dyn Codec| {
@@ -270,7 +281,8 @@ fn attend_run(
         };
         let mut head_scores: Vec<&mut [f32]> = recycle(score_rows);
         head_scores.extend(scores.chunks_exact_mut(rows));
-        let mut ahead = Ahead::new(next.map_or(&[], |n| n.keys(item.kv_head)), rows);
+        let next_keys = next.map_or(&[][..], |n| lead(n.keys(item.kv_head), codecs(n).0));
+        let mut ahead = Ahead::chained(&keys[lead(keys, k_codec).len()..], next_keys, rows);
         k_codec.score_group(queries, keys, &mut head_scores, &mut ahead);
         ahead.rest();
         for (state, s) in states.iter_mut().zip(head_scores.iter_mut()) {
@@ -293,12 +305,28 @@ fn attend_run(
                 st.acc_full.as_mut_slice()
             }
         }));
-        let mut ahead = Ahead::new(next.map_or(&[], |n| n.values(item.kv_head)), rows);
+        let next_values = next.map_or(&[][..], |n| lead(n.values(item.kv_head), codecs(n).1));
+        let mut ahead = Ahead::chained(&values[lead(values, v_codec).len()..], next_values, rows);
         v_codec.accumulate_group(&weights, values, &mut accs, &mut ahead);
         ahead.rest();
         (weight_rows, acc_rows) = (recycle(weights), recycle(accs));
     }
     states
+}
+
+/// Key bytes per head that attention reads in one kernel call at most, from pages that follow
+/// each other in the pool. Longer runs than a page of 64 tokens took 15–22% off the 3- and
+/// 4-bit caches at 32K context, 2 threads (bench/results/runs/).
+const RUN_KEY_BYTES: usize = 128 << 10;
+
+/// Bytes the kernels prefetch ahead of what they read: less slowed the 4-bit caches, more
+/// the f16 one (bench/results/runs/).
+const LEAD_BYTES: usize = 8 << 10;
+
+/// The first [`LEAD_BYTES`] (whole blocks) of `bytes` in `codec`, or all of them.
+fn lead<'b>(bytes: &'b [u8], codec: &dyn Codec) -> &'b [u8] {
+    let blocks = LEAD_BYTES.div_ceil(codec.block_bytes());
+    &bytes[..(blocks * codec.block_bytes()).min(bytes.len())]
 }
 
 /// An empty vector with `v`'s allocation, for elements of another lifetime (collecting the

@@ -134,11 +134,12 @@ fn check_dim(
         attend(&view, &q, &positions, &params, &mut out);
         // The integer kernels round queries and weights to i8 (kvq_codec::levels, where the
         // bounds are checked exactly). Here scores move by up to ~0.01 and a weight by up to
-        // 1/254 of its tile's largest, so outputs move by up to 9.0e-3 (measured: turbo3 at
-        // head_dim 128 with a window, a handful of large weights); a masking or merging error
-        // moves them by ~0.1.
+        // 1/254 of its tile's largest (tiles of 64 rows: attention joins pages that follow
+        // each other), so outputs move by up to 1.24e-2 (measured: turbo3.5 at head_dim 128
+        // with a window, a handful of large weights); a masking or merging error moves them
+        // by ~0.1.
         let tolerance = if integer && kvq_codec::levels::available() {
-            1.2e-2
+            1.6e-2
         } else {
             2e-4
         };

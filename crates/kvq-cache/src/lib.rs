@@ -2,9 +2,11 @@
 //!
 //! The paged, compressed KV cache that models write to and attention reads from.
 //!
-//! * A [`KvCache`] owns one [`pool::LayerPool`] per layer: a fixed arena of pages, each page
+//! * A [`KvCache`] owns one [`pool::LayerPool`] per layer: a fixed number of pages, each page
 //!   holding `page_tokens` tokens of K and V for every KV head, encoded by that layer's codecs
-//!   (a [`Policy`] gives each layer its own K and V scheme).
+//!   (a [`Policy`] gives each layer its own K and V scheme). The pages live in two arenas
+//!   (keys, values), head-major, so that pages with consecutive ids hold each head's rows back
+//!   to back and attention reads runs of them in one go ([`RowSpan::joined`]).
 //! * Each sequence has a block table per layer. The newest tokens (the *hot window*) and the
 //!   first few (*sinks*) stay in 16-bit floats; older tokens are encoded into pages as soon as a
 //!   whole codec block of them has left the hot window.

@@ -60,9 +60,11 @@ fn advise_huge_pages(arena: &mut [u8]) {
     let _ = arena;
 }
 
-/// A run of consecutive positions of one layer, stored either compressed (in a page, read with
-/// the layer's codecs) or in full precision (sinks and hot window, read with the view's
-/// `full_codec`). The rows of one KV head are contiguous.
+/// A run of consecutive positions of one layer, stored either compressed (in a page, or in
+/// pages that follow each other in the arena, read with the layer's codecs) or in full
+/// precision (sinks and hot window, read with the view's `full_codec`). The rows of one KV
+/// head are contiguous.
+#[derive(Clone, Copy)]
 pub struct RowSpan<'a> {
     /// Position of the first row.
     pub first_pos: usize,
@@ -71,12 +73,12 @@ pub struct RowSpan<'a> {
     rows: Rows<'a>,
 }
 
+#[derive(Clone, Copy)]
 enum Rows<'a> {
+    /// Pages `page..` of the pool's arenas (several after [`LayerView::joined`]).
     Page {
-        page: &'a [u8],
-        k_head_bytes: usize,
-        v_head_bytes: usize,
-        heads: usize,
+        arenas: Arenas<'a>,
+        page: usize,
         k_len: usize,
         v_len: usize,
     },
@@ -116,11 +118,11 @@ impl<'a> RowSpan<'a> {
     pub fn keys(&self, head: usize) -> &'a [u8] {
         match self.rows {
             Rows::Page {
+                arenas,
                 page,
-                k_head_bytes,
                 k_len,
                 ..
-            } => &page[head * k_head_bytes..][..k_len],
+            } => &arenas.keys[arenas.at(head, page, arenas.k_head_bytes)..][..k_len],
             Rows::Full { k, len, .. } => &k[head][..len],
         }
     }
@@ -128,15 +130,84 @@ impl<'a> RowSpan<'a> {
     pub fn values(&self, head: usize) -> &'a [u8] {
         match self.rows {
             Rows::Page {
+                arenas,
                 page,
-                k_head_bytes,
-                v_head_bytes,
-                heads,
                 v_len,
                 ..
-            } => &page[heads * k_head_bytes + head * v_head_bytes..][..v_len],
+            } => &arenas.values[arenas.at(head, page, arenas.v_head_bytes)..][..v_len],
             Rows::Full { v, len, .. } => &v[head][..len],
         }
+    }
+
+    /// `spans` (consecutive spans of a view) with runs of compressed pages that follow each
+    /// other in the pool joined, up to `max_tokens` rows per span (a single page may hold
+    /// more): fewer, longer runs of contiguous bytes for the kernels. A sequence written alone
+    /// gets its pages in order.
+    pub fn joined(spans: &[RowSpan<'a>], max_tokens: usize) -> Vec<RowSpan<'a>> {
+        let mut out: Vec<RowSpan<'a>> = Vec::with_capacity(spans.len());
+        for span in spans {
+            let joined = out.last().and_then(|last| last.join(span));
+            match (out.last_mut(), joined) {
+                (Some(last), Some(j)) if j.tokens <= max_tokens => *last = j,
+                _ => out.push(*span),
+            }
+        }
+        out
+    }
+
+    /// `self` and `next` as one span, when `next` continues it in positions and in the
+    /// arenas: `self` ends a whole page and `next` starts on the page after it.
+    fn join(&self, next: &RowSpan<'a>) -> Option<RowSpan<'a>> {
+        let (
+            Rows::Page {
+                arenas,
+                page,
+                k_len,
+                v_len,
+            },
+            Rows::Page {
+                page: next_page,
+                k_len: next_k,
+                v_len: next_v,
+                ..
+            },
+        ) = (self.rows, next.rows)
+        else {
+            return None;
+        };
+        let pages = k_len / arenas.k_head_bytes;
+        let whole = k_len == pages * arenas.k_head_bytes && v_len == pages * arenas.v_head_bytes;
+        (whole && next_page == page + pages && next.first_pos == self.first_pos + self.tokens)
+            .then_some(RowSpan {
+                first_pos: self.first_pos,
+                tokens: self.tokens + next.tokens,
+                rows: Rows::Page {
+                    arenas,
+                    page,
+                    k_len: k_len + next_k,
+                    v_len: v_len + next_v,
+                },
+            })
+    }
+}
+
+/// A layer pool's arenas as spans read them. Each arena holds every KV head's blocks of
+/// every page, head-major: the blocks of head `h`, page `p` start at
+/// `(h·pages + p)·head_bytes`, so pages that follow each other in the pool follow each other
+/// in every head's rows (attention reads such runs in one go: [`LayerView::joined`]).
+#[derive(Clone, Copy)]
+struct Arenas<'a> {
+    keys: &'a [u8],
+    values: &'a [u8],
+    pages: usize,
+    k_head_bytes: usize,
+    v_head_bytes: usize,
+}
+
+impl Arenas<'_> {
+    /// Offset of the blocks of `head` in `page`, in an arena of `head_bytes` per page and head.
+    fn at(&self, head: usize, page: usize, head_bytes: usize) -> usize {
+        (head * self.pages + page) * head_bytes
     }
 }
 
@@ -200,21 +271,29 @@ pub struct LayerPool {
     page_tokens: usize,
     k_head_bytes: usize,
     v_head_bytes: usize,
-    arena: Vec<u8>,
+    /// Key and value blocks of every page, head-major ([`Arenas`]).
+    keys: Vec<u8>,
+    values: Vec<u8>,
     refcount: Vec<u32>,
     free: Vec<u32>,
 }
 
 impl LayerPool {
-    fn page_bytes(&self) -> usize {
-        self.shape.kv_heads * (self.k_head_bytes + self.v_head_bytes)
-    }
     fn pages(&self) -> usize {
         self.refcount.len()
     }
-    fn page(&self, id: u32) -> &[u8] {
-        let n = self.page_bytes();
-        &self.arena[id as usize * n..][..n]
+    fn arenas(&self) -> Arenas<'_> {
+        Arenas {
+            keys: &self.keys,
+            values: &self.values,
+            pages: self.pages(),
+            k_head_bytes: self.k_head_bytes,
+            v_head_bytes: self.v_head_bytes,
+        }
+    }
+    /// Allocated bytes of both arenas.
+    fn arena_bytes(&self) -> usize {
+        self.keys.len() + self.values.len()
     }
     fn full_row_bytes(&self) -> usize {
         self.full_codec.block_bytes()
@@ -268,8 +347,11 @@ impl KvCache {
         for (l, shape) in shapes.iter().enumerate() {
             let mut pool = Self::empty_pool(l, shape, policy, calibration, &options)?;
             let pages = batch * memory::pages_per_sequence(shape, pool.flush_tokens, &options, ctx);
-            pool.arena = vec![0u8; pages * pool.page_bytes()];
-            advise_huge_pages(&mut pool.arena);
+            let heads = shape.kv_heads;
+            pool.keys = vec![0u8; pages * heads * pool.k_head_bytes];
+            pool.values = vec![0u8; pages * heads * pool.v_head_bytes];
+            advise_huge_pages(&mut pool.keys);
+            advise_huge_pages(&mut pool.values);
             pool.refcount = vec![0; pages];
             pool.free = (0..pages as u32).rev().collect();
             layers.push(pool);
@@ -315,7 +397,8 @@ impl KvCache {
             full_codec: FloatCodec::new(full_format, shape.head_dim),
             flush_tokens,
             page_tokens: options.page_tokens,
-            arena: Vec::new(),
+            keys: Vec::new(),
+            values: Vec::new(),
             refcount: Vec::new(),
             free: Vec::new(),
         })
@@ -334,7 +417,7 @@ impl KvCache {
     /// Bytes the cache has allocated: every page of every pool, plus the full-precision rows
     /// (sinks and hot window) reserved for each live sequence.
     pub fn allocated_bytes(&self) -> usize {
-        let pages: usize = self.layers.iter().map(|p| p.arena.len()).sum();
+        let pages: usize = self.layers.iter().map(LayerPool::arena_bytes).sum();
         let rows: usize = self
             .sequences
             .iter()
@@ -521,10 +604,8 @@ impl KvCache {
             let first = (sl.first_page + i) * pool.page_tokens;
             let tokens = pool.page_tokens.min(sl.encoded - first);
             let rows = Rows::Page {
-                page: pool.page(p),
-                k_head_bytes: pool.k_head_bytes,
-                v_head_bytes: pool.v_head_bytes,
-                heads,
+                arenas: pool.arenas(),
+                page: p as usize,
                 k_len: rows_bytes(pool.k_codec.as_ref(), tokens),
                 v_len: rows_bytes(pool.v_codec.as_ref(), tokens),
             };
@@ -570,30 +651,37 @@ fn flush_block(pool: &mut LayerPool, sl: &mut SeqLayer) -> Result<(), CacheError
         let last = sl.pages.last_mut().expect("a partly filled page");
         if pool.refcount[*last as usize] > 1 {
             let copy = pool.free.pop().expect("append reserved the copy");
-            let bytes = pool.page_bytes();
-            pool.arena.copy_within(
-                *last as usize * bytes..(*last as usize + 1) * bytes,
-                copy as usize * bytes,
-            );
+            let pages = pool.pages();
+            for (arena, bytes) in [
+                (&mut pool.keys, pool.k_head_bytes),
+                (&mut pool.values, pool.v_head_bytes),
+            ] {
+                for h in 0..heads {
+                    let from = (h * pages + *last as usize) * bytes;
+                    arena.copy_within(from..from + bytes, (h * pages + copy as usize) * bytes);
+                }
+            }
             pool.refcount[*last as usize] -= 1;
             pool.refcount[copy as usize] = 1;
             *last = copy;
         }
     }
-    let page = *sl.pages.last().expect("page");
+    let (page, pages) = (*sl.pages.last().expect("page") as usize, pool.pages());
     let row = pool.full_row_bytes();
     let mut rows = vec![0f32; n * d];
     for h in 0..heads {
-        for (stage, codec, base) in [
+        for (stage, codec, arena, head_bytes) in [
             (
                 &mut sl.stage_k[h],
                 pool.k_codec.as_ref(),
-                h * pool.k_head_bytes,
+                &mut pool.keys,
+                pool.k_head_bytes,
             ),
             (
                 &mut sl.stage_v[h],
                 pool.v_codec.as_ref(),
-                heads * pool.k_head_bytes + h * pool.v_head_bytes,
+                &mut pool.values,
+                pool.v_head_bytes,
             ),
         ] {
             for (t, r) in rows.chunks_exact_mut(d).enumerate() {
@@ -601,10 +689,9 @@ fn flush_block(pool: &mut LayerPool, sl: &mut SeqLayer) -> Result<(), CacheError
             }
             stage.drain(..n * row);
             let (bt, bb) = (codec.block_tokens(), codec.block_bytes());
-            let n_bytes = pool.page_bytes();
-            let at = page as usize * n_bytes + base + slot / bt * bb;
+            let at = (h * pages + page) * head_bytes + slot / bt * bb;
             for (b, block_rows) in rows.chunks_exact(bt * d).enumerate() {
-                codec.encode(block_rows, &mut pool.arena[at + b * bb..at + (b + 1) * bb])?;
+                codec.encode(block_rows, &mut arena[at + b * bb..at + (b + 1) * bb])?;
             }
         }
     }

@@ -1,7 +1,9 @@
 //! The pool against its contract: exact memory accounting, faithful storage with sinks and hot
 //! windows, copy-on-write forks, sliding-window release, and clean refusal when full.
 
-use kvq_cache::{memory, CacheError, CacheOptions, KvCache, LayerShape, LayerView, Policy, SeqId};
+use kvq_cache::{
+    memory, CacheError, CacheOptions, KvCache, LayerShape, LayerView, Policy, RowSpan, SeqId,
+};
 use kvq_codec::KvSpec;
 use rand::{Rng, SeedableRng};
 
@@ -240,4 +242,83 @@ fn sliding_window_layers_recycle_their_pages() {
     assert_eq!(view.spans.first().unwrap().first_pos + held, 400);
     let global: usize = c.view(s, 1).unwrap().spans.iter().map(|sp| sp.tokens).sum();
     assert_eq!(global, 400);
+}
+
+/// Checks that each span of `joined` is a run of consecutive spans of `spans` whose bytes it
+/// holds, per head, back to back; returns how many spans each joined one holds.
+fn runs_of(joined: &[RowSpan], spans: &[RowSpan], heads: usize) -> Vec<usize> {
+    let mut rest = spans;
+    joined
+        .iter()
+        .map(|j| {
+            let n = rest
+                .iter()
+                .position(|s| s.first_pos >= j.first_pos + j.tokens)
+                .unwrap_or(rest.len());
+            let (run, after) = rest.split_at(n);
+            rest = after;
+            assert_eq!(run[0].first_pos, j.first_pos);
+            assert_eq!(run.iter().map(|s| s.tokens).sum::<usize>(), j.tokens);
+            assert!(run.iter().all(|s| s.compressed() == j.compressed()));
+            for h in 0..heads {
+                assert_eq!(
+                    run.iter()
+                        .flat_map(|s| s.keys(h))
+                        .copied()
+                        .collect::<Vec<_>>(),
+                    j.keys(h)
+                );
+                assert_eq!(
+                    run.iter()
+                        .flat_map(|s| s.values(h))
+                        .copied()
+                        .collect::<Vec<_>>(),
+                    j.values(h)
+                );
+            }
+            n
+        })
+        .collect()
+}
+
+#[test]
+fn pages_that_follow_each_other_join_into_runs() {
+    let options = CacheOptions {
+        page_tokens: 8,
+        hot_window: 4,
+        sink_tokens: 2,
+        max_append_tokens: 16,
+        ..Default::default()
+    };
+    // A sequence written alone: pages in order, joined up to the limit; the partial last
+    // page joins its run, sinks and hot rows stay apart.
+    let mut c = cache("q4_0", options, 128, 2);
+    let a = c.add_sequence();
+    for i in 0..5 {
+        append(&mut c, a, 13, i).unwrap();
+    }
+    let view = c.view(a, 1).unwrap();
+    let pages = view.spans.len() - 2;
+    assert_eq!(pages, (65usize - 2 - 4).div_ceil(8));
+    let joined = RowSpan::joined(&view.spans, 24);
+    assert_eq!(runs_of(&joined, &view.spans, 2), [1, 3, 3, 2, 1]);
+    assert_eq!(
+        runs_of(&RowSpan::joined(&view.spans, 1000), &view.spans, 2),
+        [1, pages, 1]
+    );
+    // Two sequences written in turns take pages in turns: nothing joins. A fork shares the
+    // pages, and its first write copies the partial last page, which then joins nothing.
+    let b = c.add_sequence();
+    append(&mut c, b, 8, 7).unwrap();
+    append(&mut c, a, 8, 8).unwrap();
+    append(&mut c, b, 8, 9).unwrap();
+    let vb = c.view(b, 1).unwrap();
+    assert!(runs_of(&RowSpan::joined(&vb.spans, 1000), &vb.spans, 2)
+        .iter()
+        .all(|&n| n == 1));
+    let f = c.fork(a).unwrap();
+    append(&mut c, f, 3, 10).unwrap();
+    let vf = c.view(f, 1).unwrap();
+    let runs = runs_of(&RowSpan::joined(&vf.spans, 1000), &vf.spans, 2);
+    assert_eq!(runs[runs.len() - 2..], [1, 1], "{runs:?}");
 }

@@ -54,14 +54,16 @@ pub fn use_avx512() -> bool {
     false
 }
 
-/// Bytes that a caller reads after the current run of rows (the next span of the cache),
-/// prefetched into the L2 cache a share at a time while a group kernel works through the run,
-/// so that the loads overlap the computation. One burst of prefetches per span stalls the core
-/// once its load queue fills; spread over the run, the same prefetches measured 6–15% faster
-/// on the compressed caches (one thread) and 11–19% on f16 (32K context,
-/// bench/results/prefetch/).
+/// Bytes that a caller reads after the current rows (further on in the run, then the next
+/// span of the cache), prefetched into the L2 cache a share at a time while a group kernel
+/// works through the run, so that the loads overlap the computation. One burst of prefetches
+/// per span stalls the core once its load queue fills; spread over the run, the same
+/// prefetches measured 6–15% faster on the compressed caches (one thread) and 11–19% on f16
+/// (32K context, bench/results/prefetch/).
 pub struct Ahead<'a> {
     bytes: &'a [u8],
+    /// Bytes to prefetch once `bytes` are done.
+    then: &'a [u8],
     /// Bytes to prefetch per row of the current run.
     row_share: usize,
 }
@@ -69,9 +71,15 @@ pub struct Ahead<'a> {
 impl<'a> Ahead<'a> {
     /// `bytes` to prefetch over the `rows` rows of the current run.
     pub fn new(bytes: &'a [u8], rows: usize) -> Self {
+        Self::chained(bytes, &[], rows)
+    }
+
+    /// `bytes`, then `then`, to prefetch over the `rows` rows of the current run.
+    pub fn chained(bytes: &'a [u8], then: &'a [u8], rows: usize) -> Self {
         Self {
             bytes,
-            row_share: bytes.len().div_ceil(rows.max(1)),
+            then,
+            row_share: (bytes.len() + then.len()).div_ceil(rows.max(1)),
         }
     }
 
@@ -89,24 +97,31 @@ impl<'a> Ahead<'a> {
     /// Prefetches what is left: kernels that do not spread the prefetches leave it to their
     /// caller.
     pub fn rest(&mut self) {
-        self.take(self.bytes.len());
+        self.take(self.bytes.len() + self.then.len());
     }
 
     #[inline]
-    fn take(&mut self, n: usize) {
-        let (now, later) = self.bytes.split_at(n.min(self.bytes.len()));
-        #[cfg(target_arch = "x86_64")]
-        for line in now.chunks(64) {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-            // SAFETY: SSE is part of x86-64; a prefetch never faults.
-            #[allow(unused_unsafe)]
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr() as *const i8)
-            };
+    fn take(&mut self, mut n: usize) {
+        while n > 0 {
+            if self.bytes.is_empty() {
+                if self.then.is_empty() {
+                    return;
+                }
+                self.bytes = std::mem::take(&mut self.then);
+            }
+            let (now, later) = self.bytes.split_at(n.min(self.bytes.len()));
+            #[cfg(target_arch = "x86_64")]
+            for line in now.chunks(64) {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                // SAFETY: SSE is part of x86-64; a prefetch never faults.
+                #[allow(unused_unsafe)]
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr() as *const i8)
+                };
+            }
+            n -= now.len();
+            self.bytes = later;
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = now;
-        self.bytes = later;
     }
 }
 

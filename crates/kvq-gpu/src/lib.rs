@@ -6,9 +6,10 @@
 //! loading), so the same binary runs without CUDA: [`libraries`] says what was found, and
 //! [`Gpu::open`] returns `None` when there is no usable GPU.
 //!
-//! The device cache has the CPU cache's layout (kvq-cache): a pool of pages, each holding, for
-//! every KV head, the key blocks of `page_tokens` tokens, then for every KV head the value
-//! blocks; each block is the CPU codec's block byte for byte. This crate knows nothing of the
+//! The device cache is a pool of pages, each holding, for every KV head, the key blocks of
+//! `page_tokens` tokens, then for every KV head the value blocks (the CPU cache, kvq-cache,
+//! keeps the same pages head-major in two arenas); each block is the CPU codec's block byte
+//! for byte. This crate knows nothing of the
 //! CPU kernels: it reads the codecs only for their layout and parameters (rotations, codebooks).
 
 mod scheme;
