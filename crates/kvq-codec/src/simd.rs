@@ -125,6 +125,10 @@ impl<'a> Ahead<'a> {
     }
 }
 
+/// Bytes of rows that the float sum kernels read in one block: every chunk of channels of
+/// every head reads the block while it stays in the L1 cache.
+const L1_BLOCK_BYTES: usize = 16 << 10;
+
 /// Storage of a row of floats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowFormat {
@@ -608,8 +612,9 @@ macro_rules! group_drivers {
             }
         }
 
-        /// [`super::axpy_rows_group`] for accumulators of a multiple of the chunk: the chunk's
-        /// channels of up to 4 heads at a time, summed in registers over every row.
+        /// [`super::axpy_rows_group`] for accumulators of a multiple of the chunk: per block
+        /// of rows that stays in the L1 cache, the chunk's channels of up to 4 heads at a
+        /// time, summed in registers over the block's rows.
         #[target_feature(enable = $features)]
         pub unsafe fn axpy_rows_group(
             format: RowFormat,
@@ -627,52 +632,53 @@ macro_rules! group_drivers {
                     && weights.iter().all(|w| w.len() == n)
                     && accs.iter().all(|a| a.len() == d)
             );
-            let r = rows.as_ptr();
-            let mut h = 0;
-            while h < heads {
-                let w = |k: usize| weights[h + k].as_ptr();
-                let take = (heads - h).min(4);
-                let a: Vec<*mut f32> = accs[h..h + take]
-                    .iter_mut()
-                    .map(|a| a.as_mut_ptr())
-                    .collect();
-                for i in (0..d).step_by($chunk) {
-                    // The first pass over the rows prefetches, a share per chunk.
-                    if h == 0 {
-                        ahead.rows(n.div_ceil(d / $chunk));
+            let a: Vec<*mut f32> = accs.iter_mut().map(|a| a.as_mut_ptr()).collect();
+            let block = (super::L1_BLOCK_BYTES / row_bytes.max(1)).max(4);
+            for first in (0..n).step_by(block) {
+                let m = block.min(n - first);
+                let r = rows.as_ptr().add(first * row_bytes);
+                let w = |h: usize| weights[h].as_ptr().add(first);
+                let mut h = 0;
+                while h < heads {
+                    let take = (heads - h).min(4);
+                    for i in (0..d).step_by($chunk) {
+                        // The first pass over the rows prefetches, a share per chunk.
+                        if h == 0 {
+                            ahead.rows(m.div_ceil(d / $chunk));
+                        }
+                        match take {
+                            4 => accumulate_chunk::<4>(
+                                format,
+                                [w(h), w(h + 1), w(h + 2), w(h + 3)],
+                                r,
+                                row_bytes,
+                                m,
+                                i,
+                                [a[h], a[h + 1], a[h + 2], a[h + 3]],
+                            ),
+                            3 => accumulate_chunk::<3>(
+                                format,
+                                [w(h), w(h + 1), w(h + 2)],
+                                r,
+                                row_bytes,
+                                m,
+                                i,
+                                [a[h], a[h + 1], a[h + 2]],
+                            ),
+                            2 => accumulate_chunk::<2>(
+                                format,
+                                [w(h), w(h + 1)],
+                                r,
+                                row_bytes,
+                                m,
+                                i,
+                                [a[h], a[h + 1]],
+                            ),
+                            _ => accumulate_chunk::<1>(format, [w(h)], r, row_bytes, m, i, [a[h]]),
+                        }
                     }
-                    match take {
-                        4 => accumulate_chunk::<4>(
-                            format,
-                            [w(0), w(1), w(2), w(3)],
-                            r,
-                            row_bytes,
-                            n,
-                            i,
-                            [a[0], a[1], a[2], a[3]],
-                        ),
-                        3 => accumulate_chunk::<3>(
-                            format,
-                            [w(0), w(1), w(2)],
-                            r,
-                            row_bytes,
-                            n,
-                            i,
-                            [a[0], a[1], a[2]],
-                        ),
-                        2 => accumulate_chunk::<2>(
-                            format,
-                            [w(0), w(1)],
-                            r,
-                            row_bytes,
-                            n,
-                            i,
-                            [a[0], a[1]],
-                        ),
-                        _ => accumulate_chunk::<1>(format, [w(0)], r, row_bytes, n, i, [a[0]]),
-                    }
+                    h += take;
                 }
-                h += take;
             }
         }
     };
@@ -1476,16 +1482,17 @@ mod tests {
 
     #[test]
     fn group_kernels_equal_one_query_at_a_time() {
-        // Rows not a multiple of the 4-row block; head counts around the 2- and 4-head blocks.
-        for (format, heads) in [
-            (RowFormat::F32, 1),
-            (RowFormat::F32, 5),
-            (RowFormat::F16, 4),
-            (RowFormat::F16, 3),
-            (RowFormat::Bf16, 8),
-            (RowFormat::Bf16, 2),
+        // Rows not a multiple of the 4-row block, and more than one block of rows in L1 (64
+        // f32 rows); head counts around the 2- and 4-head blocks.
+        for (format, heads, rows) in [
+            (RowFormat::F32, 1, 9),
+            (RowFormat::F32, 5, 203),
+            (RowFormat::F16, 4, 9),
+            (RowFormat::F16, 3, 300),
+            (RowFormat::Bf16, 8, 9),
+            (RowFormat::Bf16, 2, 131),
         ] {
-            let (d, rows) = (64, 9);
+            let d = 64;
             let xs: Vec<f32> = (0..rows * d)
                 .map(|i| ((i * 13 % 11) as f32 - 5.0) / 7.0)
                 .collect();
