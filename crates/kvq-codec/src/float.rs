@@ -24,13 +24,6 @@ impl FloatFormat {
             Self::Bf16 => RowFormat::Bf16,
         }
     }
-
-    fn bytes(self) -> usize {
-        match self {
-            Self::F32 => 4,
-            Self::F16 | Self::Bf16 => 2,
-        }
-    }
 }
 
 /// Rows stored as plain floats.
@@ -62,7 +55,7 @@ impl Codec for FloatCodec {
         1
     }
     fn block_bytes(&self) -> usize {
-        self.head_dim * self.format.bytes()
+        self.format.row_format().row_bytes(self.head_dim)
     }
     fn encode(&self, rows: &[f32], out: &mut [u8]) -> Result<(), CodecError> {
         check_finite(rows, self.head_dim)?;

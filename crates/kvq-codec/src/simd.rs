@@ -138,15 +138,29 @@ pub enum RowFormat {
     F16,
     /// Little-endian bfloat16.
     Bf16,
+    /// llama.cpp's q8_0: blocks of 32 values, each an f16 scale `d` then 32 i8 `x`
+    /// (value `d·x`). Rows hold whole blocks.
+    Q8_0,
 }
 
+/// Bytes of a [`RowFormat::Q8_0`] block, and values in it.
+const Q8_0_BLOCK: (usize, usize) = (34, 32);
+
 impl RowFormat {
-    /// Bytes per stored value.
-    pub fn bytes(self) -> usize {
+    /// Bytes of `values` stored values (a multiple of 32 for q8_0).
+    pub fn row_bytes(self, values: usize) -> usize {
         match self {
-            RowFormat::F32 => 4,
-            RowFormat::F16 | RowFormat::Bf16 => 2,
+            RowFormat::F32 => 4 * values,
+            RowFormat::F16 | RowFormat::Bf16 => 2 * values,
+            RowFormat::Q8_0 => values / Q8_0_BLOCK.1 * Q8_0_BLOCK.0,
         }
+    }
+
+    /// Byte of value `i`'s q8_0 block (its scale), and of the value itself.
+    fn q8_0_at(i: usize) -> (usize, usize) {
+        let (bytes, values) = Q8_0_BLOCK;
+        let block = i / values * bytes;
+        (block, block + 2 + i % values)
     }
 }
 
@@ -167,6 +181,10 @@ fn load(format: RowFormat, row: &[u8], i: usize) -> f32 {
         RowFormat::F32 => f32::from_le_bytes(row[4 * i..4 * i + 4].try_into().unwrap()),
         RowFormat::F16 => f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32(),
         RowFormat::Bf16 => bf16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32(),
+        RowFormat::Q8_0 => {
+            let (scale, value) = RowFormat::q8_0_at(i);
+            f16::from_le_bytes([row[scale], row[scale + 1]]).to_f32() * f32::from(row[value] as i8)
+        }
     }
 }
 
@@ -560,13 +578,14 @@ pub fn axpy_lut(packed: &[u8], bits: u32, lut: &[f32; 16], a: f32, acc: &mut [f3
     }));
 }
 
-/// The two group-kernel drivers of a vector module, around its `score4` (4 rows × 1 or 2
-/// queries, `$lanes` channels per step) and `accumulate_chunk` (`$chunk` channels of 1 to 4
-/// heads over all rows) kernels.
+/// The two group-kernel drivers of a vector module, around its `score4` (4 rows × one of the
+/// query counts `$heads`, `$lanes` channels per step) and `accumulate_chunk` (`$chunk`
+/// channels of 1 to 4 heads over all rows) kernels.
 #[cfg(target_arch = "x86_64")]
 macro_rules! group_drivers {
-    ($lanes:literal, $chunk:literal, $features:literal) => {
-        /// [`super::dot_rows_group`]: blocks of 4 rows × 2 queries, reduced 8 at a time.
+    ($lanes:literal, $chunk:literal, [$($heads:literal),+], $features:literal) => {
+        /// [`super::dot_rows_group`]: blocks of 4 rows × up to the most of `$heads` queries,
+        /// reduced 8 at a time.
         #[target_feature(enable = $features)]
         pub unsafe fn dot_rows_group(
             format: RowFormat,
@@ -579,7 +598,7 @@ macro_rules! group_drivers {
             let row_bytes = rows.len() / n.max(1);
             assert!(
                 d.is_multiple_of($lanes)
-                    && row_bytes >= d * format.bytes()
+                    && row_bytes >= format.row_bytes(d)
                     && queries.iter().all(|q| q.len() == d)
                     && scores.iter().all(|s| s.len() == n)
             );
@@ -588,19 +607,24 @@ macro_rules! group_drivers {
                 ahead.rows(4);
                 let r = rows.as_ptr().add(t * row_bytes);
                 let mut h = 0;
-                while h + 2 <= heads {
-                    let q = [queries[h].as_ptr(), queries[h + 1].as_ptr()];
-                    let s = score4::<2>(format, q, d, r, row_bytes);
-                    _mm_storeu_ps(scores[h][t..t + 4].as_mut_ptr(), _mm256_castps256_ps128(s));
-                    _mm_storeu_ps(
-                        scores[h + 1][t..t + 4].as_mut_ptr(),
-                        _mm256_extractf128_ps(s, 1),
-                    );
-                    h += 2;
-                }
-                if h < heads {
-                    let s = score4::<1>(format, [queries[h].as_ptr()], d, r, row_bytes);
-                    _mm_storeu_ps(scores[h][t..t + 4].as_mut_ptr(), _mm256_castps256_ps128(s));
+                while h < heads {
+                    let take = (heads - h).min(*[$($heads),+].iter().max().unwrap());
+                    let q = |k: usize| queries[h + k.min(take - 1)].as_ptr();
+                    // Lanes 4k..4k+4 of the pair: query h + k's scores.
+                    let pairs: [__m256; 2] = match take {
+                        $($heads => score4::<$heads>(format, std::array::from_fn(q), d, r, row_bytes),)+
+                        _ => unreachable!("a pass takes one of the query counts"),
+                    };
+                    for k in 0..take {
+                        let s = pairs[k / 2];
+                        let half = if k % 2 == 0 {
+                            _mm256_castps256_ps128(s)
+                        } else {
+                            _mm256_extractf128_ps(s, 1)
+                        };
+                        _mm_storeu_ps(scores[h + k][t..t + 4].as_mut_ptr(), half);
+                    }
+                    h += take;
                 }
                 t += 4;
             }
@@ -627,7 +651,7 @@ macro_rules! group_drivers {
             let row_bytes = rows.len() / n.max(1);
             assert!(
                 d.is_multiple_of($chunk)
-                    && row_bytes >= d * format.bytes()
+                    && row_bytes >= format.row_bytes(d)
                     && row_bytes * n <= rows.len()
                     && weights.iter().all(|w| w.len() == n)
                     && accs.iter().all(|a| a.len() == d)
@@ -873,6 +897,10 @@ pub(crate) mod avx2 {
                 let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(s.as_ptr() as *const __m128i));
                 _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
             }
+            RowFormat::Q8_0 => {
+                assert!(row.len() >= RowFormat::q8_0_at(i).1 + 8);
+                load8_at(format, row.as_ptr(), i)
+            }
         }
     }
 
@@ -1013,6 +1041,14 @@ pub(crate) mod avx2 {
                 let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(row.add(2 * i) as *const __m128i));
                 _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
             }
+            RowFormat::Q8_0 => {
+                let (scale, value) = RowFormat::q8_0_at(i);
+                let x = _mm256_cvtepi8_epi32(_mm_loadl_epi64(row.add(value) as *const __m128i));
+                _mm256_mul_ps(
+                    _mm256_cvtepi32_ps(x),
+                    _mm256_set1_ps(f16_at(row.add(scale))),
+                )
+            }
         }
     }
 
@@ -1032,8 +1068,9 @@ pub(crate) mod avx2 {
     }
 
     /// Scores of the 4 rows at `rows` (`row_bytes` apart) for the `H` (1 or 2) queries at
-    /// `q`: one vector whose lanes `4h..4h+4` are query `h`'s. Each row is converted once for
-    /// both queries; the 8 accumulators are independent FMA chains.
+    /// `q`: a vector whose lanes `4h..4h+4` are query `h`'s (and a zero one, for the drivers'
+    /// pairs). Each row is converted once for both queries; the 8 accumulators are
+    /// independent FMA chains.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn score4<const H: usize>(
@@ -1042,7 +1079,7 @@ pub(crate) mod avx2 {
         d: usize,
         rows: *const u8,
         row_bytes: usize,
-    ) -> __m256 {
+    ) -> [__m256; 2] {
         let mut acc = [_mm256_setzero_ps(); 8];
         for i in (0..d).step_by(8) {
             let x: [__m256; 4] =
@@ -1054,10 +1091,10 @@ pub(crate) mod avx2 {
                 }
             }
         }
-        hsum8(acc)
+        [hsum8(acc), _mm256_setzero_ps()]
     }
 
-    group_drivers!(8, 16, "avx2,fma,f16c");
+    group_drivers!(8, 16, [1, 2], "avx2,fma,f16c");
 
     /// `accs[h][i..i+16] += Σ_t w[h][t]·row_t[i..i+16]` for `H` ≤ 4 heads: the 2H
     /// accumulators stay in registers over all rows.
@@ -1122,6 +1159,12 @@ mod avx512 {
             RowFormat::Bf16 => {
                 let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(row.add(2 * i) as *const __m256i));
                 _mm512_castsi512_ps(_mm512_slli_epi32(h, 16))
+            }
+            RowFormat::Q8_0 => {
+                let (scale, value) = RowFormat::q8_0_at(i);
+                let x = _mm512_cvtepi8_epi32(_mm_loadu_si128(row.add(value) as *const __m128i));
+                let d = super::avx2::f16_at(row.add(scale));
+                _mm512_mul_ps(_mm512_cvtepi32_ps(x), _mm512_set1_ps(d))
             }
         }
     }
@@ -1252,7 +1295,8 @@ mod avx512 {
         }
     }
 
-    /// As `avx2::score4`, 16 channels per step.
+    /// As `avx2::score4`, 16 channels per step and up to 4 queries (each row converted once
+    /// for all of them; the second vector holds queries 2 and 3).
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
     unsafe fn score4<const H: usize>(
@@ -1261,8 +1305,8 @@ mod avx512 {
         d: usize,
         rows: *const u8,
         row_bytes: usize,
-    ) -> __m256 {
-        let mut acc = [_mm512_setzero_ps(); 8];
+    ) -> [__m256; 2] {
+        let mut acc = [_mm512_setzero_ps(); 16];
         for i in (0..d).step_by(16) {
             let x: [__m512; 4] =
                 std::array::from_fn(|k| load16_at(format, rows.add(k * row_bytes), i));
@@ -1273,15 +1317,21 @@ mod avx512 {
                 }
             }
         }
-        hsum8(std::array::from_fn(|j| {
+        let halves: [__m256; 16] = std::array::from_fn(|j| {
             _mm256_add_ps(
                 _mm512_castps512_ps256(acc[j]),
                 _mm512_extractf32x8_ps(acc[j], 1),
             )
-        }))
+        });
+        let first = hsum8(std::array::from_fn(|j| halves[j]));
+        if H <= 2 {
+            [first, _mm256_setzero_ps()]
+        } else {
+            [first, hsum8(std::array::from_fn(|j| halves[8 + j]))]
+        }
     }
 
-    group_drivers!(16, 64, "avx512f,avx512dq,avx2,fma,f16c");
+    group_drivers!(16, 64, [1, 2, 3, 4], "avx512f,avx512dq,avx2,fma,f16c");
 
     /// As `avx2::accumulate_chunk`, for 64 channels.
     #[inline]
@@ -1320,19 +1370,39 @@ mod tests {
     use super::*;
 
     fn encode(format: RowFormat, xs: &[f32]) -> Vec<u8> {
+        if format == RowFormat::Q8_0 {
+            // Plainly: per 32 values the scale that maps the largest magnitude to 127.
+            return xs
+                .chunks(32)
+                .flat_map(|b| {
+                    let d = f16::from_f32(b.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0);
+                    let codes = b.iter().map(|x| (x / d.to_f32()).round() as i8 as u8);
+                    d.to_le_bytes()
+                        .into_iter()
+                        .chain(codes)
+                        .collect::<Vec<u8>>()
+                })
+                .collect();
+        }
         xs.iter()
             .flat_map(|&x| match format {
                 RowFormat::F32 => x.to_le_bytes().to_vec(),
                 RowFormat::F16 => f16::from_f32(x).to_le_bytes().to_vec(),
                 RowFormat::Bf16 => bf16::from_f32(x).to_le_bytes().to_vec(),
+                RowFormat::Q8_0 => unreachable!("encoded by blocks above"),
             })
             .collect()
     }
 
     #[test]
     fn vector_paths_equal_scalar_definitions() {
-        for format in [RowFormat::F32, RowFormat::F16, RowFormat::Bf16] {
-            for n in [8usize, 64, 72, 256, 5] {
+        for (format, lengths) in [
+            (RowFormat::F32, &[8usize, 64, 72, 256, 5][..]),
+            (RowFormat::F16, &[8, 64, 72, 256, 5]),
+            (RowFormat::Bf16, &[8, 64, 72, 256, 5]),
+            (RowFormat::Q8_0, &[32, 64, 96, 256]),
+        ] {
+            for &n in lengths {
                 let q: Vec<f32> = (0..n).map(|i| ((i * 31 % 17) as f32 - 8.0) / 3.0).collect();
                 let xs: Vec<f32> = (0..n).map(|i| ((i * 13 % 11) as f32 - 5.0) / 7.0).collect();
                 let row = encode(format, &xs);
@@ -1491,6 +1561,8 @@ mod tests {
             (RowFormat::F16, 3, 300),
             (RowFormat::Bf16, 8, 9),
             (RowFormat::Bf16, 2, 131),
+            (RowFormat::Q8_0, 4, 9),
+            (RowFormat::Q8_0, 3, 150),
         ] {
             let d = 64;
             let xs: Vec<f32> = (0..rows * d)
