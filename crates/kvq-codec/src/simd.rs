@@ -9,6 +9,7 @@
 //! codecs' own block kernels. [`force_scalar`] runs a closure on the scalar paths, so tests can
 //! compare both.
 
+use crate::fp8::Fp8Format;
 use half::{bf16, f16};
 use std::cell::Cell;
 
@@ -129,6 +130,54 @@ impl<'a> Ahead<'a> {
 /// every head reads the block while it stays in the L1 cache.
 const L1_BLOCK_BYTES: usize = 16 << 10;
 
+/// A [`RowFormat`] as a type: the group kernels are compiled once per format, so that the
+/// per-value conversion is decided at compile time (a runtime match in the inner loops made
+/// them several times slower once FP8 joined the formats).
+#[cfg(target_arch = "x86_64")]
+trait Format {
+    const ROW: RowFormat;
+}
+
+/// Declares [`Format`] types.
+macro_rules! formats {
+    ($($name:ident = $value:expr),+ $(,)?) => {
+        $(
+            #[cfg(target_arch = "x86_64")]
+            struct $name;
+            #[cfg(target_arch = "x86_64")]
+            impl Format for $name {
+                const ROW: RowFormat = $value;
+            }
+        )+
+    };
+}
+
+formats!(
+    AsF32 = RowFormat::F32,
+    AsF16 = RowFormat::F16,
+    AsBf16 = RowFormat::Bf16,
+    AsQ8_0 = RowFormat::Q8_0,
+    AsE4M3 = RowFormat::Fp8 { e5m2: false },
+    AsE5M2 = RowFormat::Fp8 { e5m2: true },
+);
+
+/// `$f::<F>($args)` (in a vector module) with `F` the [`Format`] of the runtime `$format`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_format {
+    ($format:expr, $f:ident($($arg:expr),*)) => {
+        match $format {
+            RowFormat::F32 => $f::<super::AsF32>($($arg),*),
+            RowFormat::F16 => $f::<super::AsF16>($($arg),*),
+            RowFormat::Bf16 => $f::<super::AsBf16>($($arg),*),
+            RowFormat::Q8_0 => $f::<super::AsQ8_0>($($arg),*),
+            RowFormat::Fp8 { e5m2: false } => $f::<super::AsE4M3>($($arg),*),
+            RowFormat::Fp8 { e5m2: true } => $f::<super::AsE5M2>($($arg),*),
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+use with_format;
+
 /// Storage of a row of floats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowFormat {
@@ -141,6 +190,12 @@ pub enum RowFormat {
     /// llama.cpp's q8_0: blocks of 32 values, each an f16 scale `d` then 32 i8 `x`
     /// (value `d·x`). Rows hold whole blocks.
     Q8_0,
+    /// A row's f16 scale `s`, then one FP8 code per value (value `s·fp8(code)`): E4M3 "FN", or
+    /// E5M2 if `e5m2` ([`crate::fp8`]'s per-row layout).
+    Fp8 {
+        /// E5M2 codes (else E4M3).
+        e5m2: bool,
+    },
 }
 
 /// Bytes of a [`RowFormat::Q8_0`] block, and values in it.
@@ -153,6 +208,7 @@ impl RowFormat {
             RowFormat::F32 => 4 * values,
             RowFormat::F16 | RowFormat::Bf16 => 2 * values,
             RowFormat::Q8_0 => values / Q8_0_BLOCK.1 * Q8_0_BLOCK.0,
+            RowFormat::Fp8 { .. } => 2 + values,
         }
     }
 
@@ -184,6 +240,14 @@ fn load(format: RowFormat, row: &[u8], i: usize) -> f32 {
         RowFormat::Q8_0 => {
             let (scale, value) = RowFormat::q8_0_at(i);
             f16::from_le_bytes([row[scale], row[scale + 1]]).to_f32() * f32::from(row[value] as i8)
+        }
+        RowFormat::Fp8 { e5m2 } => {
+            let format = if e5m2 {
+                Fp8Format::E5M2
+            } else {
+                Fp8Format::E4M3
+            };
+            f16::from_le_bytes([row[0], row[1]]).to_f32() * format.decode(row[2 + i])
         }
     }
 }
@@ -584,8 +648,7 @@ pub fn axpy_lut(packed: &[u8], bits: u32, lut: &[f32; 16], a: f32, acc: &mut [f3
 #[cfg(target_arch = "x86_64")]
 macro_rules! group_drivers {
     ($lanes:literal, $chunk:literal, [$($heads:literal),+], $features:literal) => {
-        /// [`super::dot_rows_group`]: blocks of 4 rows × up to the most of `$heads` queries,
-        /// reduced 8 at a time.
+        /// [`super::dot_rows_group`], compiled once per format.
         #[target_feature(enable = $features)]
         pub unsafe fn dot_rows_group(
             format: RowFormat,
@@ -594,6 +657,19 @@ macro_rules! group_drivers {
             scores: &mut [&mut [f32]],
             ahead: &mut super::Ahead,
         ) {
+            super::with_format!(format, dot_rows_group_as(queries, rows, scores, ahead))
+        }
+
+        /// [`super::dot_rows_group`] for rows in `F`: blocks of 4 rows × up to the most of
+        /// `$heads` queries, reduced 8 at a time.
+        #[target_feature(enable = $features)]
+        unsafe fn dot_rows_group_as<F: super::Format>(
+            queries: &[&[f32]],
+            rows: &[u8],
+            scores: &mut [&mut [f32]],
+            ahead: &mut super::Ahead,
+        ) {
+            let format = F::ROW;
             let (heads, d, n) = (queries.len(), queries[0].len(), scores[0].len());
             let row_bytes = rows.len() / n.max(1);
             assert!(
@@ -612,7 +688,7 @@ macro_rules! group_drivers {
                     let q = |k: usize| queries[h + k.min(take - 1)].as_ptr();
                     // Lanes 4k..4k+4 of the pair: query h + k's scores.
                     let pairs: [__m256; 2] = match take {
-                        $($heads => score4::<$heads>(format, std::array::from_fn(q), d, r, row_bytes),)+
+                        $($heads => score4::<F, $heads>(std::array::from_fn(q), d, r, row_bytes),)+
                         _ => unreachable!("a pass takes one of the query counts"),
                     };
                     for k in 0..take {
@@ -647,6 +723,18 @@ macro_rules! group_drivers {
             accs: &mut [&mut [f32]],
             ahead: &mut super::Ahead,
         ) {
+            super::with_format!(format, axpy_rows_group_as(weights, rows, accs, ahead))
+        }
+
+        /// [`axpy_rows_group`] for rows in `F`.
+        #[target_feature(enable = $features)]
+        unsafe fn axpy_rows_group_as<F: super::Format>(
+            weights: &[&[f32]],
+            rows: &[u8],
+            accs: &mut [&mut [f32]],
+            ahead: &mut super::Ahead,
+        ) {
+            let format = F::ROW;
             let (heads, d, n) = (weights.len(), accs[0].len(), weights[0].len());
             let row_bytes = rows.len() / n.max(1);
             assert!(
@@ -671,8 +759,7 @@ macro_rules! group_drivers {
                             ahead.rows(m.div_ceil(d / $chunk));
                         }
                         match take {
-                            4 => accumulate_chunk::<4>(
-                                format,
+                            4 => accumulate_chunk::<F, 4>(
                                 [w(h), w(h + 1), w(h + 2), w(h + 3)],
                                 r,
                                 row_bytes,
@@ -680,8 +767,7 @@ macro_rules! group_drivers {
                                 i,
                                 [a[h], a[h + 1], a[h + 2], a[h + 3]],
                             ),
-                            3 => accumulate_chunk::<3>(
-                                format,
+                            3 => accumulate_chunk::<F, 3>(
                                 [w(h), w(h + 1), w(h + 2)],
                                 r,
                                 row_bytes,
@@ -689,8 +775,7 @@ macro_rules! group_drivers {
                                 i,
                                 [a[h], a[h + 1], a[h + 2]],
                             ),
-                            2 => accumulate_chunk::<2>(
-                                format,
+                            2 => accumulate_chunk::<F, 2>(
                                 [w(h), w(h + 1)],
                                 r,
                                 row_bytes,
@@ -698,7 +783,7 @@ macro_rules! group_drivers {
                                 i,
                                 [a[h], a[h + 1]],
                             ),
-                            _ => accumulate_chunk::<1>(format, [w(h)], r, row_bytes, m, i, [a[h]]),
+                            _ => accumulate_chunk::<F, 1>( [w(h)], r, row_bytes, m, i, [a[h]]),
                         }
                     }
                     h += take;
@@ -901,6 +986,10 @@ pub(crate) mod avx2 {
                 assert!(row.len() >= RowFormat::q8_0_at(i).1 + 8);
                 load8_at(format, row.as_ptr(), i)
             }
+            RowFormat::Fp8 { .. } => {
+                assert!(row.len() >= 2 + i + 8);
+                load8_at(format, row.as_ptr(), i)
+            }
         }
     }
 
@@ -1034,7 +1123,14 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load8_at(format: RowFormat, row: *const u8, i: usize) -> __m256 {
-        match format {
+        super::with_format!(format, load8_as(row, i))
+    }
+
+    /// [`load8_at`] for rows in `F`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8_as<F: super::Format>(row: *const u8, i: usize) -> __m256 {
+        match F::ROW {
             RowFormat::F32 => _mm256_loadu_ps(row.add(4 * i) as *const f32),
             RowFormat::F16 => _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i)),
             RowFormat::Bf16 => {
@@ -1049,7 +1145,34 @@ pub(crate) mod avx2 {
                     _mm256_set1_ps(f16_at(row.add(scale))),
                 )
             }
+            RowFormat::Fp8 { e5m2 } => {
+                let codes = _mm_cvtepu8_epi16(_mm_loadl_epi64(row.add(2 + i) as *const __m128i));
+                let (bits, factor, nan) = fp8_as_f16(codes, e5m2);
+                let x = _mm256_mul_ps(_mm256_cvtph_ps(bits), _mm256_set1_ps(factor * f16_at(row)));
+                let nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan));
+                _mm256_blendv_ps(x, _mm256_set1_ps(f32::NAN), nan)
+            }
         }
+    }
+
+    /// FP8 codes (one per 16-bit lane) as f16 bit patterns, the factor that makes those the
+    /// codes' values, and the lanes that hold E4M3's NaN code (all ones): E5M2 is the upper
+    /// byte of an f16; E4M3 an f16 with the exponent field's top bit clear, times 2⁸ (the bias
+    /// difference).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn fp8_as_f16(codes: __m128i, e5m2: bool) -> (__m128i, f32, __m128i) {
+        if e5m2 {
+            return (_mm_slli_epi16(codes, 8), 1.0, _mm_setzero_si128());
+        }
+        let sign = _mm_slli_epi16(_mm_and_si128(codes, _mm_set1_epi16(0x80)), 8);
+        let magnitude = _mm_and_si128(codes, _mm_set1_epi16(0x7F));
+        let bits = _mm_or_si128(sign, _mm_slli_epi16(magnitude, 7));
+        (
+            bits,
+            256.0,
+            _mm_cmpeq_epi16(magnitude, _mm_set1_epi16(0x7F)),
+        )
     }
 
     /// The lane sums of `a[0]`, …, `a[7]`, in that order, as one vector.
@@ -1073,8 +1196,7 @@ pub(crate) mod avx2 {
     /// independent FMA chains.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn score4<const H: usize>(
-        format: RowFormat,
+    unsafe fn score4<F: super::Format, const H: usize>(
         q: [*const f32; H],
         d: usize,
         rows: *const u8,
@@ -1082,8 +1204,12 @@ pub(crate) mod avx2 {
     ) -> [__m256; 2] {
         let mut acc = [_mm256_setzero_ps(); 8];
         for i in (0..d).step_by(8) {
-            let x: [__m256; 4] =
-                std::array::from_fn(|k| load8_at(format, rows.add(k * row_bytes), i));
+            let x: [__m256; 4] = [
+                load8_as::<F>(rows, i),
+                load8_as::<F>(rows.add(row_bytes), i),
+                load8_as::<F>(rows.add(2 * row_bytes), i),
+                load8_as::<F>(rows.add(3 * row_bytes), i),
+            ];
             for h in 0..H {
                 let qv = _mm256_loadu_ps(q[h].add(i));
                 for k in 0..4 {
@@ -1100,8 +1226,7 @@ pub(crate) mod avx2 {
     /// accumulators stay in registers over all rows.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn accumulate_chunk<const H: usize>(
-        format: RowFormat,
+    unsafe fn accumulate_chunk<F: super::Format, const H: usize>(
         w: [*const f32; H],
         rows: *const u8,
         row_bytes: usize,
@@ -1112,7 +1237,7 @@ pub(crate) mod avx2 {
         let mut sum = [[_mm256_setzero_ps(); 2]; H];
         for t in 0..n {
             let row = rows.add(t * row_bytes);
-            let x = [load8_at(format, row, i), load8_at(format, row, i + 8)];
+            let x = [load8_as::<F>(row, i), load8_as::<F>(row, i + 8)];
             for h in 0..H {
                 let wv = _mm256_broadcast_ss(&*w[h].add(t));
                 sum[h][0] = _mm256_fmadd_ps(wv, x[0], sum[h][0]);
@@ -1152,8 +1277,8 @@ mod avx512 {
     /// 16 values at element `i` of the row at `row` (no bounds check).
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
-    unsafe fn load16_at(format: RowFormat, row: *const u8, i: usize) -> __m512 {
-        match format {
+    unsafe fn load16_as<F: super::Format>(row: *const u8, i: usize) -> __m512 {
+        match F::ROW {
             RowFormat::F32 => _mm512_loadu_ps(row.add(4 * i) as *const f32),
             RowFormat::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(row.add(2 * i) as *const __m256i)),
             RowFormat::Bf16 => {
@@ -1165,6 +1290,30 @@ mod avx512 {
                 let x = _mm512_cvtepi8_epi32(_mm_loadu_si128(row.add(value) as *const __m128i));
                 let d = super::avx2::f16_at(row.add(scale));
                 _mm512_mul_ps(_mm512_cvtepi32_ps(x), _mm512_set1_ps(d))
+            }
+            RowFormat::Fp8 { e5m2 } => {
+                let codes = _mm256_cvtepu8_epi16(_mm_loadu_si128(row.add(2 + i) as *const __m128i));
+                let magnitude = _mm256_and_si256(codes, _mm256_set1_epi16(0x7F));
+                let (bits, factor) = if e5m2 {
+                    (_mm256_slli_epi16(codes, 8), 1.0)
+                } else {
+                    let sign =
+                        _mm256_slli_epi16(_mm256_and_si256(codes, _mm256_set1_epi16(0x80)), 8);
+                    (
+                        _mm256_or_si256(sign, _mm256_slli_epi16(magnitude, 7)),
+                        256.0,
+                    )
+                };
+                let scale = factor * super::avx2::f16_at(row);
+                let x = _mm512_mul_ps(_mm512_cvtph_ps(bits), _mm512_set1_ps(scale));
+                // E4M3's NaN code (its magnitude all ones) decodes to NaN, as in the codec.
+                let nan = if e5m2 {
+                    0
+                } else {
+                    let magnitude = _mm512_cvtepu16_epi32(magnitude);
+                    _mm512_cmpeq_epi32_mask(magnitude, _mm512_set1_epi32(0x7F))
+                };
+                _mm512_mask_mov_ps(x, nan, _mm512_set1_ps(f32::NAN))
             }
         }
     }
@@ -1295,21 +1444,25 @@ mod avx512 {
         }
     }
 
-    /// As `avx2::score4`, 16 channels per step and up to 4 queries (each row converted once
-    /// for all of them; the second vector holds queries 2 and 3).
+    /// As `avx2::score4`, 16 channels per step. (Passes of 4 queries, each row converted once
+    /// for all, measured 12–22 ns per row from run to run on f16 rows in L2, against 13.6 for
+    /// these; not kept.)
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
-    unsafe fn score4<const H: usize>(
-        format: RowFormat,
+    unsafe fn score4<F: super::Format, const H: usize>(
         q: [*const f32; H],
         d: usize,
         rows: *const u8,
         row_bytes: usize,
     ) -> [__m256; 2] {
-        let mut acc = [_mm512_setzero_ps(); 16];
+        let mut acc = [_mm512_setzero_ps(); 8];
         for i in (0..d).step_by(16) {
-            let x: [__m512; 4] =
-                std::array::from_fn(|k| load16_at(format, rows.add(k * row_bytes), i));
+            let x: [__m512; 4] = [
+                load16_as::<F>(rows, i),
+                load16_as::<F>(rows.add(row_bytes), i),
+                load16_as::<F>(rows.add(2 * row_bytes), i),
+                load16_as::<F>(rows.add(3 * row_bytes), i),
+            ];
             for h in 0..H {
                 let qv = _mm512_loadu_ps(q[h].add(i));
                 for k in 0..4 {
@@ -1317,27 +1470,19 @@ mod avx512 {
                 }
             }
         }
-        let halves: [__m256; 16] = std::array::from_fn(|j| {
-            _mm256_add_ps(
-                _mm512_castps512_ps256(acc[j]),
-                _mm512_extractf32x8_ps(acc[j], 1),
-            )
-        });
-        let first = hsum8(std::array::from_fn(|j| halves[j]));
-        if H <= 2 {
-            [first, _mm256_setzero_ps()]
-        } else {
-            [first, hsum8(std::array::from_fn(|j| halves[8 + j]))]
+        let mut halves = [_mm256_setzero_ps(); 8];
+        for (half, a) in halves.iter_mut().zip(&acc) {
+            *half = _mm256_add_ps(_mm512_castps512_ps256(*a), _mm512_extractf32x8_ps(*a, 1));
         }
+        [hsum8(halves), _mm256_setzero_ps()]
     }
 
-    group_drivers!(16, 64, [1, 2, 3, 4], "avx512f,avx512dq,avx2,fma,f16c");
+    group_drivers!(16, 64, [1, 2], "avx512f,avx512dq,avx2,fma,f16c");
 
     /// As `avx2::accumulate_chunk`, for 64 channels.
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
-    unsafe fn accumulate_chunk<const H: usize>(
-        format: RowFormat,
+    unsafe fn accumulate_chunk<F: super::Format, const H: usize>(
         w: [*const f32; H],
         rows: *const u8,
         row_bytes: usize,
@@ -1348,7 +1493,12 @@ mod avx512 {
         let mut sum = [[_mm512_setzero_ps(); 4]; H];
         for t in 0..n {
             let row = rows.add(t * row_bytes);
-            let x: [__m512; 4] = std::array::from_fn(|k| load16_at(format, row, i + 16 * k));
+            let x: [__m512; 4] = [
+                load16_as::<F>(row, i),
+                load16_as::<F>(row, i + 16),
+                load16_as::<F>(row, i + 32),
+                load16_as::<F>(row, i + 48),
+            ];
             for h in 0..H {
                 let wv = _mm512_set1_ps(*w[h].add(t));
                 for k in 0..4 {
@@ -1369,7 +1519,8 @@ mod avx512 {
 mod tests {
     use super::*;
 
-    fn encode(format: RowFormat, xs: &[f32]) -> Vec<u8> {
+    /// Rows of `d` values of `xs` in `format`.
+    fn encode(format: RowFormat, xs: &[f32], d: usize) -> Vec<u8> {
         if format == RowFormat::Q8_0 {
             // Plainly: per 32 values the scale that maps the largest magnitude to 127.
             return xs
@@ -1384,12 +1535,32 @@ mod tests {
                 })
                 .collect();
         }
+        if let RowFormat::Fp8 { e5m2 } = format {
+            // Plainly: each row's scale maps its largest magnitude to the format's largest.
+            let fp8 = if e5m2 {
+                Fp8Format::E5M2
+            } else {
+                Fp8Format::E4M3
+            };
+            return xs
+                .chunks(d)
+                .flat_map(|row| {
+                    let amax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    let s = f16::from_f32(amax / fp8.max());
+                    let codes = row.iter().map(move |x| fp8.encode(x / s.to_f32()));
+                    s.to_le_bytes()
+                        .into_iter()
+                        .chain(codes)
+                        .collect::<Vec<u8>>()
+                })
+                .collect();
+        }
         xs.iter()
             .flat_map(|&x| match format {
                 RowFormat::F32 => x.to_le_bytes().to_vec(),
                 RowFormat::F16 => f16::from_f32(x).to_le_bytes().to_vec(),
                 RowFormat::Bf16 => bf16::from_f32(x).to_le_bytes().to_vec(),
-                RowFormat::Q8_0 => unreachable!("encoded by blocks above"),
+                RowFormat::Q8_0 | RowFormat::Fp8 { .. } => unreachable!("encoded whole above"),
             })
             .collect()
     }
@@ -1401,11 +1572,13 @@ mod tests {
             (RowFormat::F16, &[8, 64, 72, 256, 5]),
             (RowFormat::Bf16, &[8, 64, 72, 256, 5]),
             (RowFormat::Q8_0, &[32, 64, 96, 256]),
+            (RowFormat::Fp8 { e5m2: false }, &[8, 64, 72, 256]),
+            (RowFormat::Fp8 { e5m2: true }, &[8, 64, 72, 256]),
         ] {
             for &n in lengths {
                 let q: Vec<f32> = (0..n).map(|i| ((i * 31 % 17) as f32 - 8.0) / 3.0).collect();
                 let xs: Vec<f32> = (0..n).map(|i| ((i * 13 % 11) as f32 - 5.0) / 7.0).collect();
-                let row = encode(format, &xs);
+                let row = encode(format, &xs, n);
                 let exact: f32 = (0..n).map(|i| q[i] * load(format, &row, i)).sum();
                 assert!(
                     (dot(format, &q, &row) - exact).abs() < 1e-4 * (1.0 + exact.abs()),
@@ -1563,12 +1736,14 @@ mod tests {
             (RowFormat::Bf16, 2, 131),
             (RowFormat::Q8_0, 4, 9),
             (RowFormat::Q8_0, 3, 150),
+            (RowFormat::Fp8 { e5m2: false }, 4, 150),
+            (RowFormat::Fp8 { e5m2: true }, 5, 9),
         ] {
             let d = 64;
             let xs: Vec<f32> = (0..rows * d)
                 .map(|i| ((i * 13 % 11) as f32 - 5.0) / 7.0)
                 .collect();
-            let bytes = encode(format, &xs);
+            let bytes = encode(format, &xs, d);
             let qs: Vec<Vec<f32>> = (0..heads)
                 .map(|h| {
                     (0..d)
