@@ -227,9 +227,7 @@ impl Codec for Fp8Codec {
         }
     }
 
-    /// Rows with their own scale go straight to the float kernels, converted in registers,
-    /// where that is faster than a decoded tile: the sums, and the scores of E5M2 (whose
-    /// conversion is a shift; the score kernel converts each row once per two queries).
+    /// Rows with their own scale go straight to the float kernels, converted in registers.
     fn score_group(
         &self,
         queries: &[&[f32]],
@@ -238,9 +236,7 @@ impl Codec for Fp8Codec {
         ahead: &mut crate::simd::Ahead,
     ) {
         match self.row_format() {
-            Some(format) if self.format == Fp8Format::E5M2 => {
-                crate::simd::dot_rows_group(format, queries, blocks, scores, ahead)
-            }
+            Some(format) => crate::simd::dot_rows_group(format, queries, blocks, scores, ahead),
             _ => crate::tile::score_group(self, queries, blocks, scores, ahead),
         }
     }

@@ -455,9 +455,20 @@ impl Codec for GgmlCodec {
         }
     }
 
-    /// q8_0 rows go straight to the float sum kernel, converted in registers (its scores
-    /// stay on decoded tiles: the score kernel converts each row once per two queries,
-    /// measured slower than a tile).
+    /// q8_0 rows go straight to the float kernels, converted in registers.
+    fn score_group(
+        &self,
+        queries: &[&[f32]],
+        blocks: &[u8],
+        scores: &mut [&mut [f32]],
+        ahead: &mut simd::Ahead,
+    ) {
+        match self.ty {
+            GgmlType::Q8_0 => simd::dot_rows_group(RowFormat::Q8_0, queries, blocks, scores, ahead),
+            _ => crate::tile::score_group(self, queries, blocks, scores, ahead),
+        }
+    }
+
     fn accumulate_group(
         &self,
         weights: &[&[f32]],

@@ -37,8 +37,8 @@ pub fn use_avx2() -> bool {
     false
 }
 
-/// Whether the AVX-512 versions of the group kernels may run (AVX-512F/DQ present, and
-/// [`use_avx2`]).
+/// Whether the AVX-512 versions of the group kernels may run (AVX-512F/DQ/VL present, and
+/// [`use_avx2`]; VL lets 256-bit code use all 32 vector registers).
 #[inline]
 pub fn use_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -49,6 +49,7 @@ pub fn use_avx512() -> bool {
             && *HAS.get_or_init(|| {
                 std::is_x86_feature_detected!("avx512f")
                     && std::is_x86_feature_detected!("avx512dq")
+                    && std::is_x86_feature_detected!("avx512vl")
             })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -1276,7 +1277,7 @@ mod avx512 {
 
     /// 16 values at element `i` of the row at `row` (no bounds check).
     #[inline]
-    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
     unsafe fn load16_as<F: super::Format>(row: *const u8, i: usize) -> __m512 {
         match F::ROW {
             RowFormat::F32 => _mm512_loadu_ps(row.add(4 * i) as *const f32),
@@ -1321,7 +1322,7 @@ mod avx512 {
     /// The 16 codes of width `B` (1, 2, 3, 4 or 8) in the `2B` bytes at `p`, least
     /// significant bit first, one per 32-bit lane.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
     unsafe fn codes16<const B: usize>(p: *const u8) -> __m512i {
         if B == 8 {
             return _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
@@ -1371,7 +1372,7 @@ mod avx512 {
 
     /// The levels of 16 codes: the codes themselves, or their entries in `table`.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
     unsafe fn levels16(codes: __m512i, table: Option<__m512>) -> __m512 {
         match table {
             Some(t) => _mm512_permutexvar_ps(codes, t),
@@ -1381,7 +1382,7 @@ mod avx512 {
 
     /// `super::decode_codes` (and `super::decode_lut` with `lut`) for code width `B`, 16
     /// codes at a time; groups are 1 or a multiple of 16 codes long.
-    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
     pub unsafe fn decode_codes<const B: usize>(
         packed: &[u8],
         a: &[f32],
@@ -1417,7 +1418,7 @@ mod avx512 {
     }
 
     /// `super::decode_rows` for code width `B` and groups of a multiple of 16 codes.
-    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
     pub unsafe fn decode_rows<const B: usize>(
         rows: &[u8],
         run: &super::CodeRun,
@@ -1444,18 +1445,19 @@ mod avx512 {
         }
     }
 
-    /// As `avx2::score4`, 16 channels per step. (Passes of 4 queries, each row converted once
-    /// for all, measured 12–22 ns per row from run to run on f16 rows in L2, against 13.6 for
-    /// these; not kept.)
+    /// As `avx2::score4`, 16 channels per step and up to 4 queries (each row converted once for
+    /// all of them; the second vector holds queries 2 and 3). Its 16 accumulators and 4 rows
+    /// need AVX-512VL: without it, 256-bit code is confined to 16 registers and two
+    /// accumulators went through the stack every step.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
     unsafe fn score4<F: super::Format, const H: usize>(
         q: [*const f32; H],
         d: usize,
         rows: *const u8,
         row_bytes: usize,
     ) -> [__m256; 2] {
-        let mut acc = [_mm512_setzero_ps(); 8];
+        let mut acc = [_mm512_setzero_ps(); 16];
         for i in (0..d).step_by(16) {
             let x: [__m512; 4] = [
                 load16_as::<F>(rows, i),
@@ -1470,18 +1472,28 @@ mod avx512 {
                 }
             }
         }
-        let mut halves = [_mm256_setzero_ps(); 8];
-        for (half, a) in halves.iter_mut().zip(&acc) {
-            *half = _mm256_add_ps(_mm512_castps512_ps256(*a), _mm512_extractf32x8_ps(*a, 1));
+        let mut halves = [[_mm256_setzero_ps(); 8]; 2];
+        for (j, a) in acc.iter().enumerate() {
+            halves[j / 8][j % 8] =
+                _mm256_add_ps(_mm512_castps512_ps256(*a), _mm512_extractf32x8_ps(*a, 1));
         }
-        [hsum8(halves), _mm256_setzero_ps()]
+        if H <= 2 {
+            [hsum8(halves[0]), _mm256_setzero_ps()]
+        } else {
+            [hsum8(halves[0]), hsum8(halves[1])]
+        }
     }
 
-    group_drivers!(16, 64, [1, 2], "avx512f,avx512dq,avx2,fma,f16c");
+    group_drivers!(
+        16,
+        64,
+        [1, 2, 3, 4],
+        "avx512f,avx512dq,avx512vl,avx2,fma,f16c"
+    );
 
     /// As `avx2::accumulate_chunk`, for 64 channels.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
     unsafe fn accumulate_chunk<F: super::Format, const H: usize>(
         w: [*const f32; H],
         rows: *const u8,
