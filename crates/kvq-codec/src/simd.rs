@@ -966,10 +966,11 @@ pub(crate) mod avx2 {
         }
     }
 
+    /// 8 values at element `i` of `row`, in `F` (bounds checked).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(format: RowFormat, row: &[u8], i: usize) -> __m256 {
-        match format {
+    unsafe fn load8<F: super::Format>(row: &[u8], i: usize) -> __m256 {
+        match F::ROW {
             RowFormat::F32 => {
                 let s = &row[4 * i..4 * i + 32];
                 _mm256_loadu_ps(s.as_ptr() as *const f32)
@@ -985,11 +986,11 @@ pub(crate) mod avx2 {
             }
             RowFormat::Q8_0 => {
                 assert!(row.len() >= RowFormat::q8_0_at(i).1 + 8);
-                load8_at(format, row.as_ptr(), i)
+                load8_as::<F>(row.as_ptr(), i)
             }
             RowFormat::Fp8 { .. } => {
                 assert!(row.len() >= 2 + i + 8);
-                load8_at(format, row.as_ptr(), i)
+                load8_as::<F>(row.as_ptr(), i)
             }
         }
     }
@@ -997,18 +998,35 @@ pub(crate) mod avx2 {
     /// [`super::dot`].
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot(format: RowFormat, q: &[f32], row: &[u8]) -> f32 {
+        super::with_format!(format, dot_as(q, row))
+    }
+
+    /// [`dot`] of a row in `F`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_as<F: super::Format>(q: &[f32], row: &[u8]) -> f32 {
         let mut acc = [_mm256_setzero_ps(); 2];
         for (j, i) in (0..q.len()).step_by(8).enumerate() {
-            let x = load8(format, row, i);
+            let x = load8::<F>(row, i);
             acc[j & 1] = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i)), x, acc[j & 1]);
         }
         hsum(_mm256_add_ps(acc[0], acc[1]))
     }
 
-    /// [`super::dot_rows`]: two rows at a time share the query loads.
+    /// [`super::dot_rows`].
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_rows(
         format: RowFormat,
+        q: &[f32],
+        rows: &[u8],
+        row_bytes: usize,
+        scores: &mut [f32],
+    ) {
+        super::with_format!(format, dot_rows_as(q, rows, row_bytes, scores))
+    }
+
+    /// [`dot_rows`] of rows in `F`: two rows at a time share the query loads.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_rows_as<F: super::Format>(
         q: &[f32],
         rows: &[u8],
         row_bytes: usize,
@@ -1024,22 +1042,34 @@ pub(crate) mod avx2 {
             let mut acc = [_mm256_setzero_ps(); 4];
             for (j, i) in (0..q.len()).step_by(8).enumerate() {
                 let qv = _mm256_loadu_ps(q.as_ptr().add(i));
-                acc[j & 1] = _mm256_fmadd_ps(qv, load8(format, r0, i), acc[j & 1]);
-                acc[2 + (j & 1)] = _mm256_fmadd_ps(qv, load8(format, r1, i), acc[2 + (j & 1)]);
+                acc[j & 1] = _mm256_fmadd_ps(qv, load8::<F>(r0, i), acc[j & 1]);
+                acc[2 + (j & 1)] = _mm256_fmadd_ps(qv, load8::<F>(r1, i), acc[2 + (j & 1)]);
             }
             scores[t] = hsum(_mm256_add_ps(acc[0], acc[1]));
             scores[t + 1] = hsum(_mm256_add_ps(acc[2], acc[3]));
             t += 2;
         }
         if t < n {
-            scores[t] = dot(format, q, &rows[t * row_bytes..][..row_bytes]);
+            scores[t] = dot_as::<F>(q, &rows[t * row_bytes..][..row_bytes]);
         }
     }
 
-    /// [`super::axpy_rows`]: four rows at a time per load and store of the accumulator.
+    /// [`super::axpy_rows`].
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn axpy_rows(
         format: RowFormat,
+        weights: &[f32],
+        rows: &[u8],
+        row_bytes: usize,
+        acc: &mut [f32],
+    ) {
+        super::with_format!(format, axpy_rows_as(weights, rows, row_bytes, acc))
+    }
+
+    /// [`axpy_rows`] of rows in `F`: four rows at a time per load and store of the
+    /// accumulator.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn axpy_rows_as<F: super::Format>(
         weights: &[f32],
         rows: &[u8],
         row_bytes: usize,
@@ -1054,14 +1084,14 @@ pub(crate) mod avx2 {
                 let p = acc.as_mut_ptr().add(i);
                 let mut a = _mm256_loadu_ps(p);
                 for k in 0..4 {
-                    a = _mm256_fmadd_ps(w[k], load8(format, r[k], i), a);
+                    a = _mm256_fmadd_ps(w[k], load8::<F>(r[k], i), a);
                 }
                 _mm256_storeu_ps(p, a);
             }
             t += 4;
         }
         for k in t..n {
-            axpy(format, weights[k], &rows[k * row_bytes..][..row_bytes], acc);
+            axpy_as::<F>(weights[k], &rows[k * row_bytes..][..row_bytes], acc);
         }
     }
 
@@ -1120,14 +1150,7 @@ pub(crate) mod avx2 {
         total
     }
 
-    /// 8 values at element `i` of the row at `row` (no bounds check).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8_at(format: RowFormat, row: *const u8, i: usize) -> __m256 {
-        super::with_format!(format, load8_as(row, i))
-    }
-
-    /// [`load8_at`] for rows in `F`.
+    /// 8 values at element `i` of the row at `row`, in `F` (no bounds check).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load8_as<F: super::Format>(row: *const u8, i: usize) -> __m256 {
@@ -1256,12 +1279,18 @@ pub(crate) mod avx2 {
     /// [`super::axpy`].
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn axpy(format: RowFormat, w: f32, row: &[u8], acc: &mut [f32]) {
+        super::with_format!(format, axpy_as(w, row, acc))
+    }
+
+    /// [`axpy`] of a row in `F`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn axpy_as<F: super::Format>(w: f32, row: &[u8], acc: &mut [f32]) {
         let wv = _mm256_set1_ps(w);
         for i in (0..acc.len()).step_by(8) {
             let p = acc.as_mut_ptr().add(i);
             _mm256_storeu_ps(
                 p,
-                _mm256_fmadd_ps(wv, load8(format, row, i), _mm256_loadu_ps(p)),
+                _mm256_fmadd_ps(wv, load8::<F>(row, i), _mm256_loadu_ps(p)),
             );
         }
     }
