@@ -10,7 +10,7 @@
 //! Randomness comes from ChaCha20 seeded with a `u64` and a stream number ([`seeded_rng`]), so the
 //! same `(seed, stream)` gives the same matrix on every machine.
 
-use crate::simd::{self, RowFormat};
+use crate::simd::{self, Ahead, RowFormat};
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use rand_distr::{Distribution, StandardNormal};
@@ -83,11 +83,15 @@ impl Rotation {
     /// `out = Π·x`.
     pub fn apply(&self, x: &[f32], out: &mut [f32]) {
         match &self.form {
-            Form::Dense(m) => {
-                for (row, o) in m.chunks_exact(self.dim).zip(out.iter_mut()) {
-                    *o = simd::dot(RowFormat::F32, x, simd::f32_bytes(row));
-                }
-            }
+            // The matrix's rows as a run of f32 rows for the group kernel: 4 rows per step,
+            // their sums reduced together.
+            Form::Dense(m) => simd::dot_rows_group(
+                RowFormat::F32,
+                &[x],
+                simd::f32_bytes(m),
+                &mut [out],
+                &mut Ahead::none(),
+            ),
             Form::Hadamard(signs) => {
                 for ((o, &v), &s) in out.iter_mut().zip(x).zip(signs) {
                     *o = v * s;
@@ -100,11 +104,16 @@ impl Rotation {
     /// `out = Πᵀ·y` (the inverse rotation).
     pub fn apply_transpose(&self, y: &[f32], out: &mut [f32]) {
         match &self.form {
+            // `Σ_i y_i·row_i`, summed in registers over the rows by the group kernel.
             Form::Dense(m) => {
                 out.fill(0.0);
-                for (row, &v) in m.chunks_exact(self.dim).zip(y) {
-                    simd::axpy(RowFormat::F32, v, simd::f32_bytes(row), out);
-                }
+                simd::axpy_rows_group(
+                    RowFormat::F32,
+                    &[y],
+                    simd::f32_bytes(m),
+                    &mut [out],
+                    &mut Ahead::none(),
+                );
             }
             Form::Hadamard(signs) => {
                 out.copy_from_slice(y);

@@ -327,7 +327,7 @@ pub fn dot_rows_group(
             .all(|q| q.len().is_multiple_of(8) && q.len() == queries[0].len())
     {
         if use_avx512() && queries[0].len().is_multiple_of(16) {
-            // SAFETY: AVX-512F/DQ are present; lengths are checked inside.
+            // SAFETY: AVX-512F/DQ/VL are present; lengths are checked inside.
             return unsafe { avx512::dot_rows_group(format, queries, rows, scores, ahead) };
         }
         // SAFETY: AVX2/FMA/F16C are present; lengths are checked inside.
