@@ -90,22 +90,7 @@ impl Codec for FloatCodec {
     fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]) {
         simd::axpy_rows(self.format.row_format(), weights, blocks, acc);
     }
-    fn score_group(
-        &self,
-        queries: &[&[f32]],
-        blocks: &[u8],
-        scores: &mut [&mut [f32]],
-        ahead: &mut simd::Ahead,
-    ) {
-        simd::dot_rows_group(self.format.row_format(), queries, blocks, scores, ahead);
-    }
-    fn accumulate_group(
-        &self,
-        weights: &[&[f32]],
-        blocks: &[u8],
-        accs: &mut [&mut [f32]],
-        ahead: &mut simd::Ahead,
-    ) {
-        simd::axpy_rows_group(self.format.row_format(), weights, blocks, accs, ahead);
+    fn row_format(&self) -> Option<RowFormat> {
+        Some(self.format.row_format())
     }
 }

@@ -145,14 +145,6 @@ impl Fp8Codec {
         }
     }
 
-    /// The float kernels' format of the rows, if they carry their scale.
-    fn row_format(&self) -> Option<crate::simd::RowFormat> {
-        let e5m2 = self.format == Fp8Format::E5M2;
-        self.calibrated_scale
-            .is_none()
-            .then_some(crate::simd::RowFormat::Fp8 { e5m2 })
-    }
-
     /// The scale of an encoded row and its codes.
     #[inline]
     fn split<'a>(&self, row: &'a [u8]) -> (f32, &'a [u8]) {
@@ -228,30 +220,11 @@ impl Codec for Fp8Codec {
     }
 
     /// Rows with their own scale go straight to the float kernels, converted in registers.
-    fn score_group(
-        &self,
-        queries: &[&[f32]],
-        blocks: &[u8],
-        scores: &mut [&mut [f32]],
-        ahead: &mut crate::simd::Ahead,
-    ) {
-        match self.row_format() {
-            Some(format) => crate::simd::dot_rows_group(format, queries, blocks, scores, ahead),
-            _ => crate::tile::score_group(self, queries, blocks, scores, ahead),
-        }
-    }
-
-    fn accumulate_group(
-        &self,
-        weights: &[&[f32]],
-        blocks: &[u8],
-        accs: &mut [&mut [f32]],
-        ahead: &mut crate::simd::Ahead,
-    ) {
-        match self.row_format() {
-            Some(format) => crate::simd::axpy_rows_group(format, weights, blocks, accs, ahead),
-            None => crate::tile::accumulate_group(self, weights, blocks, accs, ahead),
-        }
+    fn row_format(&self) -> Option<crate::simd::RowFormat> {
+        let e5m2 = self.format == Fp8Format::E5M2;
+        self.calibrated_scale
+            .is_none()
+            .then_some(crate::simd::RowFormat::Fp8 { e5m2 })
     }
 
     fn score(&self, query: &[f32], blocks: &[u8], scores: &mut [f32]) {

@@ -29,7 +29,7 @@
 //! [`GgmlType::dequantize_row`]) are public so that GGUF weights use the same implementation.
 
 use crate::levels::{self, CodeLayout, LevelFormat, MapLayout};
-use crate::simd::{self, RowFormat};
+use crate::simd::RowFormat;
 use crate::uniform::{out_of_f16_range, read_f16};
 use crate::{check_finite, Codec, CodecError};
 use half::f16;
@@ -456,30 +456,8 @@ impl Codec for GgmlCodec {
     }
 
     /// q8_0 rows go straight to the float kernels, converted in registers.
-    fn score_group(
-        &self,
-        queries: &[&[f32]],
-        blocks: &[u8],
-        scores: &mut [&mut [f32]],
-        ahead: &mut simd::Ahead,
-    ) {
-        match self.ty {
-            GgmlType::Q8_0 => simd::dot_rows_group(RowFormat::Q8_0, queries, blocks, scores, ahead),
-            _ => crate::tile::score_group(self, queries, blocks, scores, ahead),
-        }
-    }
-
-    fn accumulate_group(
-        &self,
-        weights: &[&[f32]],
-        blocks: &[u8],
-        accs: &mut [&mut [f32]],
-        ahead: &mut simd::Ahead,
-    ) {
-        match self.ty {
-            GgmlType::Q8_0 => simd::axpy_rows_group(RowFormat::Q8_0, weights, blocks, accs, ahead),
-            _ => crate::tile::accumulate_group(self, weights, blocks, accs, ahead),
-        }
+    fn row_format(&self) -> Option<RowFormat> {
+        (self.ty == GgmlType::Q8_0).then_some(RowFormat::Q8_0)
     }
 
     fn decode_working(&self, blocks: &[u8], rows: &mut [f32]) {

@@ -191,6 +191,12 @@ pub trait Codec: Send + Sync {
     fn channel_blocks(&self) -> Option<levels::ChannelBlocks> {
         None
     }
+    /// The row format in which the float kernels read the codec's blocks directly (one row
+    /// per block, queries and accumulators in the row's own space), if they do: the group
+    /// kernels then convert the rows in registers instead of decoding tiles.
+    fn row_format(&self) -> Option<simd::RowFormat> {
+        None
+    }
     /// Length of the accumulator [`Codec::accumulate`] works in.
     fn accumulator_len(&self) -> usize {
         self.head_dim()

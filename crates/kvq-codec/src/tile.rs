@@ -1,6 +1,7 @@
 //! The default group kernels. Codecs that describe their levels ([`Codec::level_format`],
 //! [`Codec::level_segments`], and for scores [`Codec::channel_blocks`]) go to the integer
-//! kernels of [`crate::levels`] where the CPU has them. Otherwise a run of blocks is decoded,
+//! kernels of [`crate::levels`] where the CPU has them; codecs whose rows the float kernels
+//! read ([`Codec::row_format`]) go to those. Otherwise a run of blocks is decoded,
 //! a few rows at a time, into a small f32 tile in the codec's working space
 //! ([`Codec::decode_working`]), and the tile is scored and accumulated for every query head of
 //! the group by the register-blocked float kernels of [`crate::simd`]. The tile holds at most
@@ -78,6 +79,9 @@ pub fn score_group<C: Codec + ?Sized>(
     {
         return crate::levels::score_channel_blocks(&layout, queries, blocks, scores, ahead);
     }
+    if let Some(format) = codec.row_format() {
+        return dot_rows_group(format, queries, blocks, scores, ahead);
+    }
     let width = codec.working_len();
     let queries: Vec<&[f32]> = queries.iter().map(|q| &q[..width]).collect();
     for_each_tile(codec, blocks, |first, tile| {
@@ -110,6 +114,9 @@ pub fn accumulate_group<C: Codec + ?Sized>(
     });
     if integer.is_some() {
         return;
+    }
+    if let Some(format) = codec.row_format() {
+        return axpy_rows_group(format, weights, blocks, accs, ahead);
     }
     let width = codec.working_len();
     let mut accs: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..width]).collect();
