@@ -14,7 +14,7 @@
 
 use kvq_cache::{LayerView, RowSpan};
 use kvq_codec::simd::Ahead;
-use kvq_codec::Codec;
+use kvq_codec::{recycle, Codec};
 use rayon::prelude::*;
 
 /// What attention needs besides the cache and the queries.
@@ -327,14 +327,4 @@ const LEAD_BYTES: usize = 8 << 10;
 fn lead<'b>(bytes: &'b [u8], codec: &dyn Codec) -> &'b [u8] {
     let blocks = LEAD_BYTES.div_ceil(codec.block_bytes());
     &bytes[..(blocks * codec.block_bytes()).min(bytes.len())]
-}
-
-/// An empty vector with `v`'s allocation, for elements of another lifetime (collecting the
-/// emptied vector's iterator into one of the same layout reuses its buffer): the per-span
-/// lists of slices cost no allocation.
-fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
-    v.clear();
-    v.into_iter()
-        .map(|_| unreachable!("the vector is empty"))
-        .collect()
 }

@@ -192,8 +192,9 @@ pub trait Codec: Send + Sync {
         None
     }
     /// The row format in which the float kernels read the codec's blocks directly (one row
-    /// per block, queries and accumulators in the row's own space), if they do: the group
-    /// kernels then convert the rows in registers instead of decoding tiles.
+    /// per block; the first `head_dim` values of queries and accumulators, in the row's own
+    /// space), if they do: the group kernels then convert the rows in registers instead of
+    /// decoding tiles.
     fn row_format(&self) -> Option<simd::RowFormat> {
         None
     }
@@ -267,6 +268,16 @@ pub fn check_finite(rows: &[f32], head_dim: usize) -> Result<(), CodecError> {
             value: rows[i],
         }),
     }
+}
+
+/// An empty vector with `v`'s allocation, for elements of another lifetime (collecting the
+/// emptied vector's iterator into one of the same layout reuses its buffer): lists of slices
+/// rebuilt per span or block cost no allocation.
+pub fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter()
+        .map(|_| unreachable!("the vector is empty"))
+        .collect()
 }
 
 #[cfg(test)]

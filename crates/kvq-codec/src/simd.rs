@@ -160,6 +160,8 @@ formats!(
     AsQ8_0 = RowFormat::Q8_0,
     AsE4M3 = RowFormat::Fp8 { e5m2: false },
     AsE5M2 = RowFormat::Fp8 { e5m2: true },
+    AsInt8 = RowFormat::Int8,
+    AsU8 = RowFormat::U8,
 );
 
 /// `$f::<F>($args)` (in a vector module) with `F` the [`Format`] of the runtime `$format`.
@@ -173,6 +175,8 @@ macro_rules! with_format {
             RowFormat::Q8_0 => $f::<super::AsQ8_0>($($arg),*),
             RowFormat::Fp8 { e5m2: false } => $f::<super::AsE4M3>($($arg),*),
             RowFormat::Fp8 { e5m2: true } => $f::<super::AsE5M2>($($arg),*),
+            RowFormat::Int8 => $f::<super::AsInt8>($($arg),*),
+            RowFormat::U8 => $f::<super::AsU8>($($arg),*),
         }
     };
 }
@@ -197,6 +201,12 @@ pub enum RowFormat {
         /// E5M2 codes (else E4M3).
         e5m2: bool,
     },
+    /// A row's f16 scale `s`, then one code byte per value (value `s·(code − 128)`: the
+    /// symmetric int8 rows of [`crate::uniform`]).
+    Int8,
+    /// One byte per value, the value itself (0–255): codes whose scales the caller folded into
+    /// the query.
+    U8,
 }
 
 /// Bytes of a [`RowFormat::Q8_0`] block, and values in it.
@@ -209,7 +219,8 @@ impl RowFormat {
             RowFormat::F32 => 4 * values,
             RowFormat::F16 | RowFormat::Bf16 => 2 * values,
             RowFormat::Q8_0 => values / Q8_0_BLOCK.1 * Q8_0_BLOCK.0,
-            RowFormat::Fp8 { .. } => 2 + values,
+            RowFormat::Fp8 { .. } | RowFormat::Int8 => 2 + values,
+            RowFormat::U8 => values,
         }
     }
 
@@ -250,6 +261,10 @@ fn load(format: RowFormat, row: &[u8], i: usize) -> f32 {
             };
             f16::from_le_bytes([row[0], row[1]]).to_f32() * format.decode(row[2 + i])
         }
+        RowFormat::Int8 => {
+            f16::from_le_bytes([row[0], row[1]]).to_f32() * (f32::from(row[2 + i]) - 128.0)
+        }
+        RowFormat::U8 => f32::from(row[i]),
     }
 }
 
@@ -988,8 +1003,12 @@ pub(crate) mod avx2 {
                 assert!(row.len() >= RowFormat::q8_0_at(i).1 + 8);
                 load8_as::<F>(row.as_ptr(), i)
             }
-            RowFormat::Fp8 { .. } => {
+            RowFormat::Fp8 { .. } | RowFormat::Int8 => {
                 assert!(row.len() >= 2 + i + 8);
+                load8_as::<F>(row.as_ptr(), i)
+            }
+            RowFormat::U8 => {
+                assert!(row.len() >= i + 8);
                 load8_as::<F>(row.as_ptr(), i)
             }
         }
@@ -1176,6 +1195,14 @@ pub(crate) mod avx2 {
                 let nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan));
                 _mm256_blendv_ps(x, _mm256_set1_ps(f32::NAN), nan)
             }
+            RowFormat::Int8 => {
+                let codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(row.add(2 + i) as *const __m128i));
+                let x = _mm256_cvtepi32_ps(_mm256_sub_epi32(codes, _mm256_set1_epi32(128)));
+                _mm256_mul_ps(x, _mm256_set1_ps(f16_at(row)))
+            }
+            RowFormat::U8 => _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                row.add(i) as *const __m128i
+            ))),
         }
     }
 
@@ -1345,6 +1372,14 @@ mod avx512 {
                 };
                 _mm512_mask_mov_ps(x, nan, _mm512_set1_ps(f32::NAN))
             }
+            RowFormat::Int8 => {
+                let codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(row.add(2 + i) as *const __m128i));
+                let x = _mm512_cvtepi32_ps(_mm512_sub_epi32(codes, _mm512_set1_epi32(128)));
+                _mm512_mul_ps(x, _mm512_set1_ps(super::avx2::f16_at(row)))
+            }
+            RowFormat::U8 => _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+                row.add(i) as *const __m128i
+            ))),
         }
     }
 
@@ -1596,12 +1631,32 @@ mod tests {
                 })
                 .collect();
         }
+        if format == RowFormat::Int8 {
+            // Plainly: each row's scale maps its largest magnitude to 127.
+            return xs
+                .chunks(d)
+                .flat_map(|row| {
+                    let amax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    let s = f16::from_f32(amax / 127.0);
+                    let codes = row
+                        .iter()
+                        .map(move |x| ((x / s.to_f32()).round() + 128.0) as u8);
+                    s.to_le_bytes()
+                        .into_iter()
+                        .chain(codes)
+                        .collect::<Vec<u8>>()
+                })
+                .collect();
+        }
         xs.iter()
             .flat_map(|&x| match format {
+                RowFormat::U8 => vec![(x * 20.0 + 128.0) as u8],
                 RowFormat::F32 => x.to_le_bytes().to_vec(),
                 RowFormat::F16 => f16::from_f32(x).to_le_bytes().to_vec(),
                 RowFormat::Bf16 => bf16::from_f32(x).to_le_bytes().to_vec(),
-                RowFormat::Q8_0 | RowFormat::Fp8 { .. } => unreachable!("encoded whole above"),
+                RowFormat::Q8_0 | RowFormat::Fp8 { .. } | RowFormat::Int8 => {
+                    unreachable!("encoded whole above")
+                }
             })
             .collect()
     }
@@ -1615,6 +1670,8 @@ mod tests {
             (RowFormat::Q8_0, &[32, 64, 96, 256]),
             (RowFormat::Fp8 { e5m2: false }, &[8, 64, 72, 256]),
             (RowFormat::Fp8 { e5m2: true }, &[8, 64, 72, 256]),
+            (RowFormat::Int8, &[8, 64, 72, 256]),
+            (RowFormat::U8, &[8, 64, 72, 256]),
         ] {
             for &n in lengths {
                 let q: Vec<f32> = (0..n).map(|i| ((i * 31 % 17) as f32 - 8.0) / 3.0).collect();
@@ -1779,6 +1836,8 @@ mod tests {
             (RowFormat::Q8_0, 3, 150),
             (RowFormat::Fp8 { e5m2: false }, 4, 150),
             (RowFormat::Fp8 { e5m2: true }, 5, 9),
+            (RowFormat::Int8, 4, 150),
+            (RowFormat::U8, 3, 300),
         ] {
             let d = 64;
             let xs: Vec<f32> = (0..rows * d)

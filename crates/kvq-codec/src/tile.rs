@@ -80,7 +80,9 @@ pub fn score_group<C: Codec + ?Sized>(
         return crate::levels::score_channel_blocks(&layout, queries, blocks, scores, ahead);
     }
     if let Some(format) = codec.row_format() {
-        return dot_rows_group(format, queries, blocks, scores, ahead);
+        // The rows' values only (a prepared query may carry more, for the codec's own kernels).
+        let queries: Vec<&[f32]> = queries.iter().map(|q| &q[..codec.head_dim()]).collect();
+        return dot_rows_group(format, &queries, blocks, scores, ahead);
     }
     let width = codec.working_len();
     let queries: Vec<&[f32]> = queries.iter().map(|q| &q[..width]).collect();
@@ -116,7 +118,11 @@ pub fn accumulate_group<C: Codec + ?Sized>(
         return;
     }
     if let Some(format) = codec.row_format() {
-        return axpy_rows_group(format, weights, blocks, accs, ahead);
+        let mut accs: Vec<&mut [f32]> = accs
+            .iter_mut()
+            .map(|a| &mut a[..codec.head_dim()])
+            .collect();
+        return axpy_rows_group(format, weights, blocks, &mut accs, ahead);
     }
     let width = codec.working_len();
     let mut accs: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..width]).collect();

@@ -32,7 +32,9 @@
 //! are rejected with [`CodecError::NonFinite`], as the `f16` scheme rejects them.
 
 use crate::levels::{self, ChannelBlocks, CodeLayout, LevelFormat, MapLayout};
-use crate::simd::{axpy_codes, decode_codes, decode_rows, dot_codes, CodeRun, GroupParams};
+use crate::simd::{
+    self, axpy_codes, decode_codes, decode_rows, dot_codes, CodeRun, GroupParams, RowFormat,
+};
 use crate::{bits, check_finite, Codec, CodecError, Role};
 use half::f16;
 
@@ -449,6 +451,74 @@ impl Codec for IntCodec {
         }
         if let Some(format) = self.level_format() {
             levels::finish_query(&format, prepared);
+        }
+    }
+
+    /// Symmetric 8-bit rows with one scale (int8's values) go straight to the float kernels.
+    fn row_format(&self) -> Option<RowFormat> {
+        let one_scale =
+            matches!(self.grouping, Grouping::PerToken { group } if group == self.head_dim);
+        (self.bits == 8 && self.zero == ZeroPoint::Symmetric && one_scale)
+            .then_some(RowFormat::Int8)
+    }
+
+    /// 8-bit per-channel blocks (int8's keys): each block's scales fold into an f32 query,
+    /// and the float kernels read the code bytes as they are (`RowFormat::U8`); narrower
+    /// blocks go to the default ([`Codec::channel_blocks`], else decoded tiles).
+    fn score_group(
+        &self,
+        queries: &[&[f32]],
+        blocks: &[u8],
+        scores: &mut [&mut [f32]],
+        ahead: &mut simd::Ahead,
+    ) {
+        let Grouping::PerChannel { tokens } = self.grouping else {
+            return crate::tile::score_group(self, queries, blocks, scores, ahead);
+        };
+        if self.bits != 8 || self.zero != ZeroPoint::Symmetric {
+            return crate::tile::score_group(self, queries, blocks, scores, ahead);
+        }
+        let (d, bb, zero) = (self.head_dim, self.block_bytes(), 128.0);
+        // q·k_t = Σ_c (q_c·scale_c)·code_tc − 128·Σ_c q_c·scale_c, per block and head.
+        let mut channel_scales = vec![0f32; d];
+        let mut scaled = vec![0f32; queries.len() * d];
+        let mut biases = vec![0f32; queries.len()];
+        // Per-block lists of slices, their allocations reused from block to block.
+        let (mut q_rows, mut score_rows): (Vec<&[f32]>, Vec<&mut [f32]>) = (Vec::new(), Vec::new());
+        for (b, block) in blocks.chunks_exact(bb).enumerate() {
+            let (scale_bytes, rows) = block.split_at(self.params_bytes());
+            // The f16 scales as f32, by the vector kernels (`0 + 1·s`).
+            channel_scales.fill(0.0);
+            simd::axpy(RowFormat::F16, 1.0, scale_bytes, &mut channel_scales);
+            for ((q, sq), bias) in queries
+                .iter()
+                .zip(scaled.chunks_exact_mut(d))
+                .zip(&mut biases)
+            {
+                for ((s, &x), &scale) in sq.iter_mut().zip(q.iter()).zip(&channel_scales) {
+                    *s = x * scale;
+                }
+                *bias = -zero * sq.iter().sum::<f32>();
+            }
+            let mut block_queries: Vec<&[f32]> = crate::recycle(q_rows);
+            block_queries.extend(scaled.chunks_exact(d));
+            let mut block_scores: Vec<&mut [f32]> = crate::recycle(score_rows);
+            block_scores.extend(
+                scores
+                    .iter_mut()
+                    .map(|s| &mut s[b * tokens..(b + 1) * tokens]),
+            );
+            simd::dot_rows_group(
+                RowFormat::U8,
+                &block_queries,
+                rows,
+                &mut block_scores,
+                ahead,
+            );
+            for (s, bias) in block_scores.iter_mut().zip(&biases) {
+                s.iter_mut().for_each(|x| *x += bias);
+            }
+            (q_rows, score_rows) = (crate::recycle(block_queries), crate::recycle(block_scores));
         }
     }
 
