@@ -75,7 +75,7 @@ pub struct RowSpan<'a> {
 
 #[derive(Clone, Copy)]
 enum Rows<'a> {
-    /// Pages `page..` of the pool's arenas (several after [`LayerView::joined`]).
+    /// Pages `page..` of the pool's arenas (several after [`RowSpan::joined`]).
     Page {
         arenas: Arenas<'a>,
         page: usize,
@@ -194,7 +194,7 @@ impl<'a> RowSpan<'a> {
 /// A layer pool's arenas as spans read them. Each arena holds every KV head's blocks of
 /// every page, head-major: the blocks of head `h`, page `p` start at
 /// `(h·pages + p)·head_bytes`, so pages that follow each other in the pool follow each other
-/// in every head's rows (attention reads such runs in one go: [`LayerView::joined`]).
+/// in every head's rows (attention reads such runs in one go: [`RowSpan::joined`]).
 #[derive(Clone, Copy)]
 struct Arenas<'a> {
     keys: &'a [u8],

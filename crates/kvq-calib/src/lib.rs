@@ -3,7 +3,7 @@
 //! The offline half of calibrated KV schemes, and per-layer tuning (design.md §3, part "calib").
 //!
 //! * [`identity`]: a model's identity (architecture, shapes, a hash of its GGUF metadata).
-//! * [`file`]: the envelope of profile and policy files (design.md §4.3): format name, version,
+//! * [`mod@file`]: the envelope of profile and policy files (design.md §4.3): format name, version,
 //!   model identity and checksum, checked before anything is applied.
 //! * [`profile`]: `kvq calibrate` — per layer and role, Oaken's thresholds, per-channel scales,
 //!   FP8 scales and TurboQuant's outlier channels, read back from an f32 cache.

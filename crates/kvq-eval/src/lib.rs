@@ -3,7 +3,7 @@
 //! Measures what a KV-cache scheme costs in quality, with the cache in the loop: every scored
 //! token attends to the stored, compressed K/V.
 //!
-//! * [`perplexity`]: llama.cpp's `llama-perplexity` procedure — non-overlapping chunks of
+//! * [`mod@perplexity`]: llama.cpp's `llama-perplexity` procedure — non-overlapping chunks of
 //!   `ctx` tokens, the first token of each replaced by BOS, only the second half scored;
 //!   [`perplexity_many`] runs several schemes on the same chunks and compares each scored
 //!   token's distribution with a reference cache's ([`kld`]: KL divergence, top-1 agreement).
