@@ -315,7 +315,7 @@ fn attend_run(
 }
 
 /// Key bytes per head that attention reads in one kernel call at most, from pages that follow
-/// each other in the pool. Longer runs than a page of 64 tokens took 15–22% off the 3- and
+/// each other in the pool. Longer runs than a page of 64 tokens took 13–21% off the 3- and
 /// 4-bit caches at 32K context, 2 threads (bench/results/runs/).
 const RUN_KEY_BYTES: usize = 128 << 10;
 

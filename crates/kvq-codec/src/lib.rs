@@ -173,8 +173,10 @@ pub trait Codec: Send + Sync {
     /// `scores.len() == blocks.len() / block_bytes · block_tokens`.
     fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]);
     /// [`Codec::score`] for several prepared queries at once — the query heads that share one
-    /// KV head: `scores[h]` receives the scores of `queries[h]`. The default decodes each row
-    /// once, into a small working-space tile, for the whole group ([`tile::score_group`]).
+    /// KV head: `scores[h]` receives the scores of `queries[h]`. The default
+    /// ([`tile::score_group`]) reads each row once for the whole group: on the integer
+    /// kernels, on the float kernels ([`Codec::row_format`]), or decoded into a small
+    /// working-space tile.
     /// `ahead` holds the bytes the caller reads next: kernels prefetch them as they go, and
     /// the caller prefetches what they leave ([`simd::Ahead::rest`]).
     fn score_group(
@@ -206,9 +208,9 @@ pub trait Codec: Send + Sync {
     /// codec's accumulator space; `weights.len()` equals the number of rows.
     fn accumulate(&self, weights: &[f32], blocks: &[u8], acc: &mut [f32]);
     /// [`Codec::accumulate`] for several weight rows at once (one per query head of a group):
-    /// `accs[h] += Σ_t weights[h][t]·v_t`. The default goes through decoded tiles, as
-    /// [`Codec::score_group`] does ([`tile::accumulate_group`]), and prefetches `ahead` as
-    /// it does.
+    /// `accs[h] += Σ_t weights[h][t]·v_t`. The default reads the rows as
+    /// [`Codec::score_group`] does ([`tile::accumulate_group`]), and prefetches `ahead` as it
+    /// does.
     fn accumulate_group(
         &self,
         weights: &[&[f32]],
