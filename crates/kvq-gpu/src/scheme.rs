@@ -150,10 +150,12 @@ impl RoleLayout {
             (lowest..=4).contains(&b0) && (lowest..=4).contains(&b1),
             "turbo rates below 2 bits have no kernel"
         );
-        let logical = codec.query_len();
+        // The working width; a prepared query starts with it (the CPU's integer kernels append
+        // their own slots, which the device does not use).
+        let logical = codec.accumulator_len();
         ensure!(
-            logical == if prod { 2 * d } else { d } && codec.accumulator_len() == logical,
-            "{}: unexpected prepared-query length {logical} (a calibrated layout?)",
+            logical == if prod { 2 * d } else { d } && codec.query_len() >= logical,
+            "{}: unexpected working width {logical} (a calibrated layout?)",
             codec.name()
         );
         // The matrix from the codec itself, one unit vector at a time: keys take column i of
@@ -162,12 +164,12 @@ impl RoleLayout {
         let mut rotation = vec![0f32; logical * d];
         match role {
             Role::Key => {
-                let (mut e, mut col) = (vec![0f32; d], vec![0f32; logical]);
+                let (mut e, mut col) = (vec![0f32; d], vec![0f32; codec.query_len()]);
                 for i in 0..d {
                     e.fill(0.0);
                     e[i] = 1.0;
                     codec.prepare_query(&e, &mut col);
-                    for (j, &x) in col.iter().enumerate() {
+                    for (j, &x) in col[..logical].iter().enumerate() {
                         rotation[j * d + i] = x;
                     }
                 }
@@ -192,7 +194,7 @@ impl RoleLayout {
             block[gamma + 2..].fill(0xFF);
             match role {
                 Role::Key => {
-                    let mut q = vec![0f32; logical];
+                    let mut q = vec![0f32; codec.query_len()];
                     q[d] = 1.0;
                     let mut score = [0f32];
                     codec.score(&q, &block, &mut score);

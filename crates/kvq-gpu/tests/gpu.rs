@@ -211,6 +211,9 @@ fn gpu_encoded_blocks_decode_on_the_cpu() {
 #[test]
 fn gpu_attention_equals_cpu_attention() {
     let Some(gpu) = gpu() else { return };
+    // The CPU reference on its float kernels: the integer ones round queries and weights to i8
+    // (kvq_codec::levels), ~1e-2 away from exact; the device computes in floats.
+    kvq_codec::levels::set_enabled(false);
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xa77e ^ std::process::id() as u64);
     let lens = [1024usize, 672, 96];
     let max_ctx = lens[0];
