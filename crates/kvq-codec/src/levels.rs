@@ -354,12 +354,20 @@ pub fn quantize_query(format: &LevelFormat, query: &[f32], out: &mut [f32]) {
     assert!(width == format.width && out.len() == query_slots(width));
     let (codes, maps) = out.split_at_mut(width / 4);
     let mut bytes = vec![0u8; width];
+    // Rows with one map keep one query scale for all groups, so that the score kernel can add
+    // the groups' integer dots before converting them (`score_heads`).
+    let row_largest = query.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let one_scale = format.maps.channels >= width;
     for (g, (xs, bs)) in query
         .chunks_exact(GROUP)
         .zip(bytes.chunks_exact_mut(GROUP))
         .enumerate()
     {
-        let largest = xs.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        let largest = if one_scale {
+            row_largest
+        } else {
+            xs.iter().fold(0.0f32, |m, x| m.max(x.abs()))
+        };
         let scale = largest / 127.0;
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
         let mut sum = 0i32;
@@ -1205,9 +1213,22 @@ mod avx512 {
         let center = format.center();
         let has_min = format.maps.min_at.is_some();
         let q: [*const f32; H] = std::array::from_fn(|h| slots[h]);
+        // One map per row and one query scale (`quantize_query` gives such rows one; KIVI's
+        // block queries have one per group): the groups' integer dots add up, and the row is
+        // finished once, with the groups' query terms summed.
+        let sigma = |h: usize, g: usize| *q[h].add(w / 4 + QUERY_MAP * g);
+        let one_map = format.maps.channels >= w
+            && (0..H).all(|h| (1..w / GROUP).all(|g| sigma(h, g) == sigma(h, 0)));
+        let query_terms = |h: usize, k: usize| {
+            (0..w / GROUP)
+                .map(|g| *q[h].add(w / 4 + QUERY_MAP * g + k))
+                .sum::<f32>()
+        };
+        let sums: [[f32; 2]; H] = std::array::from_fn(|h| [query_terms(h, 1), query_terms(h, 2)]);
         for block in (0..n).step_by(16) {
             ahead.rows(16);
             let mut acc = [_mm512_setzero_ps(); H];
+            let mut row_dots = [_mm512_setzero_si512(); H];
             for c in 0..w.div_ceil(128) {
                 let mut streams = [_mm512_setzero_si512(); 16];
                 for (r, s) in streams.iter_mut().enumerate() {
@@ -1219,13 +1240,21 @@ mod avx512 {
                 let groups = if decoder.is_tail(c) { 2 } else { 4 };
                 for local in 0..groups {
                     let g = 4 * c + local;
-                    let mut dots = [_mm512_setzero_si512(); H];
+                    let mut dots = if one_map {
+                        row_dots
+                    } else {
+                        [_mm512_setzero_si512(); H]
+                    };
                     let levels = decoder.cut_group::<B>(&words, local);
                     for (k, &level) in levels.iter().enumerate() {
                         for (dot, &qh) in dots.iter_mut().zip(&q) {
                             let code = *(qh as *const i32).add(8 * g + k);
                             *dot = _mm512_dpbusd_epi32(*dot, level, _mm512_set1_epi32(code));
                         }
+                    }
+                    if one_map {
+                        row_dots = dots;
+                        continue;
                     }
                     let at = g * TILE_ROWS + block;
                     let scale = _mm512_loadu_ps(tile.scales.as_ptr().add(at));
@@ -1241,6 +1270,25 @@ mod avx512 {
                         if has_min {
                             *a = _mm512_fmadd_ps(value, _mm512_set1_ps(*map.add(2)), *a);
                         }
+                    }
+                }
+            }
+            if one_map {
+                // `scale·σ·(Σ dots − center·Σ codes) + center_value·Σ q`, the query terms summed
+                // over the groups (`σ·Σ codes` and `Σ q` per group in the slots).
+                let scale = _mm512_loadu_ps(tile.scales.as_ptr().add(block));
+                let value = _mm512_loadu_ps(tile.centers.as_ptr().add(block));
+                for (((a, &qh), &dot), [codes, total]) in
+                    acc.iter_mut().zip(&q).zip(&row_dots).zip(sums)
+                {
+                    let x = _mm512_fmsub_ps(
+                        _mm512_cvtepi32_ps(dot),
+                        _mm512_set1_ps(*qh.add(w / 4)),
+                        _mm512_set1_ps(center * codes),
+                    );
+                    *a = _mm512_mul_ps(x, scale);
+                    if has_min {
+                        *a = _mm512_fmadd_ps(value, _mm512_set1_ps(total), *a);
                     }
                 }
             }
