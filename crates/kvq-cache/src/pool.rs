@@ -207,8 +207,14 @@ struct Arenas<'a> {
 impl Arenas<'_> {
     /// Offset of the blocks of `head` in `page`, in an arena of `head_bytes` per page and head.
     fn at(&self, head: usize, page: usize, head_bytes: usize) -> usize {
-        (head * self.pages + page) * head_bytes
+        block_at(head, page, self.pages, head_bytes)
     }
+}
+
+/// Offset of the blocks of `head` in `page` in an arena of `pages` pages of `head_bytes` per
+/// head (the layout of [`Arenas`]).
+fn block_at(head: usize, page: usize, pages: usize, head_bytes: usize) -> usize {
+    (head * pages + page) * head_bytes
 }
 
 /// What attention needs to read one layer of one sequence.
@@ -657,8 +663,8 @@ fn flush_block(pool: &mut LayerPool, sl: &mut SeqLayer) -> Result<(), CacheError
                 (&mut pool.values, pool.v_head_bytes),
             ] {
                 for h in 0..heads {
-                    let from = (h * pages + *last as usize) * bytes;
-                    arena.copy_within(from..from + bytes, (h * pages + copy as usize) * bytes);
+                    let from = block_at(h, *last as usize, pages, bytes);
+                    arena.copy_within(from..from + bytes, block_at(h, copy as usize, pages, bytes));
                 }
             }
             pool.refcount[*last as usize] -= 1;
@@ -689,7 +695,7 @@ fn flush_block(pool: &mut LayerPool, sl: &mut SeqLayer) -> Result<(), CacheError
             }
             stage.drain(..n * row);
             let (bt, bb) = (codec.block_tokens(), codec.block_bytes());
-            let at = (h * pages + page) * head_bytes + slot / bt * bb;
+            let at = block_at(h, page, pages, head_bytes) + slot / bt * bb;
             for (b, block_rows) in rows.chunks_exact(bt * d).enumerate() {
                 codec.encode(block_rows, &mut arena[at + b * bb..at + (b + 1) * bb])?;
             }

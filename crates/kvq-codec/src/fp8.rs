@@ -269,7 +269,7 @@ impl Codec for Fp8Codec {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::Fp8Format;
-    use crate::simd::avx2::hsum;
+    use crate::simd::avx2::{fp8_as_f16, hsum};
     use std::arch::x86_64::*;
 
     /// `out[i] = scale·fp8(codes[i])` (`out.len()` a multiple of 8). E5M2 is the upper byte of an
@@ -278,21 +278,13 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn decode(format: Fp8Format, scale: f32, codes: &[u8], out: &mut [f32]) {
         assert!(codes.len() >= out.len() && out.len().is_multiple_of(8));
-        let (e4m3, nan) = (format == Fp8Format::E4M3, _mm256_set1_ps(f32::NAN));
-        let factor = _mm256_set1_ps(if e4m3 { scale * 256.0 } else { scale });
+        let (e5m2, nan) = (format == Fp8Format::E5M2, _mm256_set1_ps(f32::NAN));
         for i in (0..out.len()).step_by(8) {
             let c = _mm_cvtepu8_epi16(_mm_loadl_epi64(codes.as_ptr().add(i) as *const __m128i));
-            let x = if e4m3 {
-                let sign = _mm_slli_epi16(_mm_and_si128(c, _mm_set1_epi16(0x80)), 8);
-                let magnitude = _mm_and_si128(c, _mm_set1_epi16(0x7F));
-                let bits = _mm_or_si128(sign, _mm_slli_epi16(magnitude, 7));
-                let is_nan = _mm_cmpeq_epi16(magnitude, _mm_set1_epi16(0x7F));
-                let x = _mm256_mul_ps(_mm256_cvtph_ps(bits), factor);
-                _mm256_blendv_ps(x, nan, _mm256_castsi256_ps(_mm256_cvtepi16_epi32(is_nan)))
-            } else {
-                _mm256_mul_ps(_mm256_cvtph_ps(_mm_slli_epi16(c, 8)), factor)
-            };
-            _mm256_storeu_ps(out.as_mut_ptr().add(i), x);
+            let (bits, factor, is_nan) = fp8_as_f16(c, e5m2);
+            let x = _mm256_mul_ps(_mm256_cvtph_ps(bits), _mm256_set1_ps(factor * scale));
+            let is_nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(is_nan));
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_blendv_ps(x, nan, is_nan));
         }
     }
 

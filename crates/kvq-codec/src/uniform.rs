@@ -472,13 +472,14 @@ impl Codec for IntCodec {
         scores: &mut [&mut [f32]],
         ahead: &mut simd::Ahead,
     ) {
-        let Grouping::PerChannel { tokens } = self.grouping else {
+        let (Grouping::PerChannel { tokens }, 8, ZeroPoint::Symmetric) =
+            (self.grouping, self.bits, self.zero)
+        else {
             return crate::tile::score_group(self, queries, blocks, scores, ahead);
         };
-        if self.bits != 8 || self.zero != ZeroPoint::Symmetric {
-            return crate::tile::score_group(self, queries, blocks, scores, ahead);
-        }
-        let (d, bb, zero) = (self.head_dim, self.block_bytes(), 128.0);
+        // The middle code, the zero of symmetric codes (`ZeroPoint::read`).
+        let zero = self.zero.read(self.bits, &[0; 2]).zero_code;
+        let (d, bb) = (self.head_dim, self.block_bytes());
         // q·k_t = Σ_c (q_c·scale_c)·code_tc − 128·Σ_c q_c·scale_c, per block and head.
         let mut channel_scales = vec![0f32; d];
         let mut scaled = vec![0f32; queries.len() * d];
