@@ -246,7 +246,7 @@ fn attend_run(
     );
     let codecs = |span: &RowSpan| {
         if span.compressed() {
-            (view.k_codec, view.v_codec, view.flush_tokens)
+            (view.k_codec, view.v_codec, view.block_tokens)
         } else {
             (view.full_codec, view.full_codec, 1)
         }

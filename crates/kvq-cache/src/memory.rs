@@ -1,10 +1,11 @@
 //! Exact memory accounting: the bytes a cache configuration allocates, by the same rules the
 //! pool follows (pages per sequence, full-precision rows reserved per sequence).
 
+use crate::pool::write_tokens;
 use crate::pool::{flushable, full_row_format};
 use crate::{CacheError, CacheOptions, LayerShape, Policy};
 use kvq_codec::float::FloatFormat;
-use kvq_codec::{build_codec, Calibration, Codec, OakenThresholds, Role, SchemeKind};
+use kvq_codec::{Calibration, Codec, OakenThresholds, Role, SchemeKind};
 
 /// Pages one sequence of `ctx` tokens holds at most in a layer of `shape`, whose codecs encode
 /// `flush_tokens` tokens at a time.
@@ -63,8 +64,17 @@ fn sizing_codec(
     kind: SchemeKind,
     role: Role,
     head_dim: usize,
+    options: &CacheOptions,
 ) -> Result<Box<dyn Codec>, CacheError> {
-    Ok(build_codec(kind, role, head_dim, &sizing_calibration(), 0)?)
+    let calibration = sizing_calibration();
+    Ok(crate::pool::cache_codec(
+        kind,
+        role,
+        head_dim,
+        &calibration,
+        0,
+        options,
+    )?)
 }
 
 /// Computes the memory of `batch` sequences of `ctx` tokens under `policy`.
@@ -88,9 +98,9 @@ pub fn plan(
             .layers
             .get(l)
             .ok_or_else(|| CacheError::Config(format!("policy has no entry for layer {l}")))?;
-        let k = sizing_codec(schemes.k, Role::Key, shape.head_dim)?;
-        let v = sizing_codec(schemes.v, Role::Value, shape.head_dim)?;
-        let flush = lcm(k.block_tokens(), v.block_tokens());
+        let k = sizing_codec(schemes.k, Role::Key, shape.head_dim, options)?;
+        let v = sizing_codec(schemes.v, Role::Value, shape.head_dim, options)?;
+        let flush = lcm(write_tokens(k.as_ref()), write_tokens(v.as_ref()));
         let per_page = |c: &dyn Codec| options.page_tokens / c.block_tokens() * c.block_bytes();
         let page_bytes = shape.kv_heads * (per_page(k.as_ref()) + per_page(v.as_ref()));
         let pages = batch * pages_per_sequence(shape, flush, options, ctx);

@@ -3,6 +3,7 @@
 use crate::memory::{self, lcm};
 use crate::{CacheError, LayerShape, Policy};
 use kvq_codec::float::{FloatCodec, FloatFormat};
+use kvq_codec::levels::INTERLEAVED_ROWS;
 use kvq_codec::{build_codec, check_finite, Calibration, Codec, Role, SchemeKind};
 
 /// Identifies a live sequence of a [`KvCache`].
@@ -23,6 +24,10 @@ pub struct CacheOptions {
     pub max_append_tokens: usize,
     /// Seed of the codecs' random rotations.
     pub seed: u64,
+    /// Whether codecs whose rows the CPU's integer kernels read keep them in those kernels'
+    /// order ([`kvq_codec::interleaved`], when pages hold whole interleaved blocks); off for
+    /// pages that another reader takes as rows (the GPU kernels).
+    pub interleave: bool,
 }
 
 impl Default for CacheOptions {
@@ -33,6 +38,7 @@ impl Default for CacheOptions {
             sink_tokens: 0,
             max_append_tokens: 512,
             seed: 0x6b7671,
+            interleave: true,
         }
     }
 }
@@ -231,9 +237,10 @@ pub struct LayerView<'a> {
     pub head_dim: usize,
     /// Tokens written so far (positions `0..len`).
     pub len: usize,
-    /// Rows the codecs encode together (a multiple of both codecs' block sizes); compressed
-    /// spans hold whole multiples of it.
-    pub flush_tokens: usize,
+    /// Rows the codecs keep together (a multiple of both codecs' block sizes): compressed spans
+    /// hold whole blocks of it, the last one partly written where the codecs write rows one
+    /// by one ([`kvq_codec::Codec::writes_rows`]; the rows past the span hold other bytes).
+    pub block_tokens: usize,
     /// The stored rows, in position order; positions released by a sliding window are absent.
     pub spans: Vec<RowSpan<'a>>,
 }
@@ -249,14 +256,18 @@ impl LayerView<'_> {
             (self.full_codec, self.full_codec)
         };
         let decode = |codec: &dyn Codec, bytes: &[u8]| {
-            let rows = codec.block_tokens() * self.head_dim;
-            let mut out = vec![0f32; span.tokens * self.head_dim];
+            let mut out =
+                vec![
+                    0f32;
+                    bytes.len() / codec.block_bytes() * codec.block_tokens() * self.head_dim
+                ];
             for (block, dst) in bytes
                 .chunks_exact(codec.block_bytes())
-                .zip(out.chunks_exact_mut(rows))
+                .zip(out.chunks_exact_mut(codec.block_tokens() * self.head_dim))
             {
                 codec.decode(block, dst);
             }
+            out.truncate(span.tokens * self.head_dim);
             out
         };
         (
@@ -383,15 +394,20 @@ impl KvCache {
         let none = (Calibration::default(), Calibration::default());
         let (k_cal, v_cal) = calibration.get(l).unwrap_or(&none);
         let seed = options.seed ^ (l as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let k_codec = build_codec(schemes.k, Role::Key, shape.head_dim, k_cal, seed)?;
-        let v_codec = build_codec(schemes.v, Role::Value, shape.head_dim, v_cal, seed ^ 1)?;
-        let flush_tokens = lcm(k_codec.block_tokens(), v_codec.block_tokens());
-        if options.page_tokens == 0 || !options.page_tokens.is_multiple_of(flush_tokens) {
+        let d = shape.head_dim;
+        let k_codec = cache_codec(schemes.k, Role::Key, d, k_cal, seed, options)?;
+        let v_codec = cache_codec(schemes.v, Role::Value, d, v_cal, seed ^ 1, options)?;
+        let block_tokens = lcm(k_codec.block_tokens(), v_codec.block_tokens());
+        if options.page_tokens == 0 || !options.page_tokens.is_multiple_of(block_tokens) {
             return Err(CacheError::Config(format!(
-                "page size {} tokens is not a multiple of layer {l}'s codec block of {flush_tokens} tokens",
+                "page size {} tokens is not a multiple of layer {l}'s codec block of {block_tokens} tokens",
                 options.page_tokens
             )));
         }
+        let flush_tokens = lcm(
+            write_tokens(k_codec.as_ref()),
+            write_tokens(v_codec.as_ref()),
+        );
         let full_format = full_row_format(schemes.k, schemes.v);
         let page_blocks = |c: &dyn Codec| options.page_tokens / c.block_tokens() * c.block_bytes();
         Ok(LayerPool {
@@ -605,7 +621,11 @@ impl KvCache {
         if sinks > 0 {
             spans.push(RowSpan::full(&sl.sink_k, &sl.sink_v, 0, sinks, row));
         }
-        let rows_bytes = |c: &dyn Codec, tokens: usize| tokens / c.block_tokens() * c.block_bytes();
+        // The blocks of both codecs that hold the rows: the last may be partly written.
+        let block_tokens = lcm(pool.k_codec.block_tokens(), pool.v_codec.block_tokens());
+        let rows_bytes = |c: &dyn Codec, tokens: usize| {
+            tokens.next_multiple_of(block_tokens) / c.block_tokens() * c.block_bytes()
+        };
         for (i, &p) in sl.pages.iter().enumerate() {
             let first = (sl.first_page + i) * pool.page_tokens;
             let tokens = pool.page_tokens.min(sl.encoded - first);
@@ -638,7 +658,7 @@ impl KvCache {
             kv_heads: heads,
             head_dim: pool.shape.head_dim,
             len: sl.len,
-            flush_tokens: pool.flush_tokens,
+            block_tokens,
             spans,
         })
     }
@@ -695,9 +715,15 @@ fn flush_block(pool: &mut LayerPool, sl: &mut SeqLayer) -> Result<(), CacheError
             }
             stage.drain(..n * row);
             let (bt, bb) = (codec.block_tokens(), codec.block_bytes());
-            let at = block_at(h, page, pages, head_bytes) + slot / bt * bb;
-            for (b, block_rows) in rows.chunks_exact(bt * d).enumerate() {
-                codec.encode(block_rows, &mut arena[at + b * bb..at + (b + 1) * bb])?;
+            let head = &mut arena[block_at(h, page, pages, head_bytes)..][..head_bytes];
+            if codec.writes_rows() {
+                for (t, row) in (slot..).zip(rows.chunks_exact(d)) {
+                    codec.encode_row(row, t % bt, &mut head[t / bt * bb..][..bb])?;
+                }
+            } else {
+                for (b, block_rows) in (slot / bt..).zip(rows.chunks_exact(bt * d)) {
+                    codec.encode(block_rows, &mut head[b * bb..][..bb])?;
+                }
             }
         }
     }
@@ -720,6 +746,37 @@ fn release_dead_pages(pool: &mut LayerPool, sl: &mut SeqLayer, opts: &CacheOptio
         pool.release(p);
     }
     sl.first_page += dead_pages;
+}
+
+/// The codec a cache keeps `role`'s rows of `kind` with: in the integer kernels' order where
+/// they read it, pages hold whole interleaved blocks and `options` ask for it
+/// ([`kvq_codec::interleaved`]).
+pub fn cache_codec(
+    kind: SchemeKind,
+    role: Role,
+    head_dim: usize,
+    calibration: &Calibration,
+    seed: u64,
+    options: &CacheOptions,
+) -> Result<Box<dyn Codec>, kvq_codec::CodecError> {
+    let codec = build_codec(kind, role, head_dim, calibration, seed)?;
+    Ok(
+        if options.interleave && options.page_tokens.is_multiple_of(INTERLEAVED_ROWS) {
+            kvq_codec::interleaved::interleave(codec, role)
+        } else {
+            codec
+        },
+    )
+}
+
+/// Tokens a cache encodes into `codec`'s pages at a time: 1 where it writes blocks row by row
+/// ([`Codec::writes_rows`]), whole blocks otherwise.
+pub fn write_tokens(codec: &dyn Codec) -> usize {
+    if codec.writes_rows() {
+        1
+    } else {
+        codec.block_tokens()
+    }
 }
 
 /// Format of the full-precision rows (sinks, hot window): f16, or the scheme itself when both

@@ -4,7 +4,7 @@
 use kvq_cache::{
     memory, CacheError, CacheOptions, KvCache, LayerShape, LayerView, Policy, RowSpan, SeqId,
 };
-use kvq_codec::KvSpec;
+use kvq_codec::{Codec, KvSpec};
 use rand::{Rng, SeedableRng};
 
 fn shapes() -> Vec<LayerShape> {
@@ -158,6 +158,56 @@ fn quantized_rows_stay_close_and_hot_rows_exact() {
         };
         for (a, b) in kr.iter().zip(want) {
             assert!((a - b).abs() <= tol, "position {pos}: {a} vs {b}");
+        }
+    }
+}
+
+/// Codecs kept in interleaved blocks ([`kvq_codec::interleaved`]) are written a token at a
+/// time: every row out of the hot window reads as its codec encodes it, in whole and partly
+/// written blocks alike, and no token waits in full precision for its block.
+#[test]
+fn interleaved_blocks_are_written_row_by_row() {
+    for spec in ["q4_0", "turbo4", "int3", "k=turbo3,v=f16"] {
+        let options = CacheOptions {
+            page_tokens: 32,
+            ..Default::default()
+        };
+        let mut c = cache(spec, options, 64, 1);
+        let s = c.add_sequence();
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for (i, n) in [1usize, 7, 20, 2, 9, 1].into_iter().enumerate() {
+            let (k, v) = (rows(n, 10 + i as u64), rows(n, 60 + i as u64));
+            c.append(s, 1, &k, &v, n).unwrap();
+            keys.extend(k);
+            values.extend(v);
+            let view = c.view(s, 1).unwrap();
+            assert_eq!(view.k_codec.block_tokens(), 16, "{spec}: interleaved keys");
+            assert!(view.spans.iter().all(|span| span.compressed()), "{spec}");
+            let written = keys.len() / 128;
+            assert_eq!(view.spans.iter().map(|s| s.tokens).sum::<usize>(), written);
+            // Each row as the layer's codec encodes it in a whole block (after the stage's f16
+            // rounding).
+            let round_trip = |codec: &dyn Codec, row: &[f32]| {
+                let mut out = row.to_vec();
+                for codec in [view.full_codec, codec] {
+                    let block: Vec<f32> = out.repeat(codec.block_tokens());
+                    let mut bytes = vec![0u8; codec.block_bytes()];
+                    codec.encode(&block, &mut bytes).unwrap();
+                    let mut rows = vec![0f32; block.len()];
+                    codec.decode(&bytes, &mut rows);
+                    out.copy_from_slice(&rows[..64]);
+                }
+                out
+            };
+            for (pos, h, k, v) in decoded(&view) {
+                let at = (pos * 2 + h) * 64..(pos * 2 + h + 1) * 64;
+                let want_k = round_trip(view.k_codec, &keys[at.clone()]);
+                let want_v = round_trip(view.v_codec, &values[at]);
+                let close =
+                    |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5);
+                assert!(close(&k, &want_k), "{spec} key at {pos} of {written}");
+                assert!(close(&v, &want_v), "{spec} value at {pos} of {written}");
+            }
         }
     }
 }

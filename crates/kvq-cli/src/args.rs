@@ -244,6 +244,7 @@ impl CacheArgs {
             sink_tokens: self.sinks,
             max_append_tokens,
             seed: self.rotation_seed,
+            ..CacheOptions::default()
         })
     }
 }

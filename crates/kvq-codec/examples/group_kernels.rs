@@ -4,7 +4,9 @@
 //!
 //! `cargo run --release -p kvq-codec --example group_kernels -- q4_0 int3 turbo3`
 //! (environment: `HEADS`, query heads per KV head, default 4; `SPAN`, rows per call, default
-//! 64 as a cache page; `ROLE=key` for the key codec).
+//! 64 as a cache page; `ROLE=key` for the key codec; `INTERLEAVE=1` for the codecs in
+//! interleaved blocks, as the cache keeps them: then only the role's kernel, the scores for
+//! keys and the sums for values, reads them in place).
 
 use kvq_codec::simd::Ahead;
 use kvq_codec::{build_codec, Calibration, OakenThresholds, Role, SchemeKind};
@@ -33,6 +35,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     for name in std::env::args().skip(1) {
         let codec = build_codec(SchemeKind::parse(&name)?, role, head_dim, &calibration, 1)?;
+        let codec = if env("INTERLEAVE", 0) == 1 {
+            kvq_codec::interleaved::interleave(codec, role)
+        } else {
+            codec
+        };
         let span = span.next_multiple_of(codec.block_tokens());
         let per_block = codec.block_tokens() * head_dim;
         let mut bytes = vec![0u8; rows / codec.block_tokens() * codec.block_bytes()];

@@ -144,6 +144,38 @@ impl LevelFormat {
         }
     }
 
+    /// The byte of a row that holds byte `i` of its code stream.
+    pub fn stream_byte(&self, i: usize) -> usize {
+        match self.codes {
+            CodeLayout::Packed { at, .. } => at + i,
+            CodeLayout::Q4_0 => 18 * (i / 16) + 2 + i % 16,
+        }
+    }
+
+    /// Bytes of a row's code stream.
+    pub fn stream_bytes(&self) -> usize {
+        self.width * self.code_bits() as usize / 8
+    }
+
+    /// Maps per row.
+    pub fn maps(&self) -> usize {
+        self.width / self.maps.channels
+    }
+
+    /// f16 words of the maps per row: each map's scale, and its minimum if there is one.
+    pub fn map_words(&self) -> usize {
+        self.maps() * (1 + usize::from(self.maps.min_at.is_some()))
+    }
+
+    /// The byte of a row where map word `k` begins: the maps' scales, then their minimums.
+    pub fn map_word_at(&self, k: usize) -> usize {
+        let (m, maps) = (self.maps, self.maps());
+        match m.min_at {
+            Some(min_at) if k >= maps => min_at + (k - maps) * m.stride,
+            _ => m.scale_at + k * m.stride,
+        }
+    }
+
     /// The channel that byte `i` of the i8 query ([`quantize_query`]) multiplies. The score
     /// kernel takes each group's codes 4 at a time from the stream's 32-bit words: 4
     /// consecutive positions, but for 4-bit codes the low nibbles of a word's 4 bytes and then
@@ -308,6 +340,157 @@ impl ChannelBlocks {
     pub fn supported(&self) -> bool {
         matches!(self.bits, 2..=4) && self.tokens > 0 && self.rows().supported()
     }
+}
+
+/// Rows per interleaved block ([`Interleaving`]).
+pub const INTERLEAVED_ROWS: usize = 16;
+
+/// Which kernel an interleaved block is laid out for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelOrder {
+    /// The score kernel (keys): the 16 rows' code streams as 32-bit words, word `j` of row
+    /// `r` at word `16j + r`, so that each vector the kernel reads holds one word of every
+    /// row.
+    Scores,
+    /// The sums (values): 4-bit streams per quad of rows and 32 stream bytes, one byte of the
+    /// 4 rows per 32-bit lane (lane `l` of the quad's vector `v` holds byte `16v + l`);
+    /// narrower codes keep each row's stream whole, row after row.
+    Sums,
+}
+
+/// Blocks of [`INTERLEAVED_ROWS`] rows of a [`LevelFormat`] whose bytes are in the order the
+/// integer kernels read them, so that they load their vectors as they lie instead of
+/// transposing and interleaving rows (`crate::interleaved`): the code streams in the
+/// [`KernelOrder`], then each map word of the 16 rows together (16 f16 values), then the
+/// rows' other bytes, row after row. The block is a byte permutation of the 16 rows
+/// ([`Interleaving::sources`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Interleaving {
+    /// The rows' format.
+    pub format: LevelFormat,
+    /// The kernel the codes are laid out for.
+    pub order: KernelOrder,
+}
+
+impl Interleaving {
+    /// The interleaving of `format`'s rows for `order`, if the kernels take the format.
+    pub fn new(format: LevelFormat, order: KernelOrder) -> Option<Self> {
+        format.supported().then_some(Self { format, order })
+    }
+
+    /// Bytes per block (those of its 16 rows).
+    pub fn block_bytes(&self) -> usize {
+        INTERLEAVED_ROWS * self.format.row_bytes
+    }
+
+    /// Bytes of a row's code stream.
+    pub fn stream_bytes(&self) -> usize {
+        self.format.stream_bytes()
+    }
+
+    /// Byte of the block where the map words begin (after the codes).
+    pub fn maps_at(&self) -> usize {
+        INTERLEAVED_ROWS * self.stream_bytes()
+    }
+
+    /// For each byte of a block, the byte of the 16 rows (row after row, as the codec
+    /// stores them) that it holds.
+    pub fn sources(&self) -> Vec<usize> {
+        let (f, rows) = (&self.format, INTERLEAVED_ROWS);
+        let (rb, stream) = (f.row_bytes, self.stream_bytes());
+        let code = |r: usize, s: usize| r * rb + f.stream_byte(s);
+        let mut sources = Vec::with_capacity(self.block_bytes());
+        match (self.order, f.code_bits()) {
+            (KernelOrder::Scores, _) => {
+                for word in 0..stream / 4 {
+                    for r in 0..rows {
+                        sources.extend((0..4).map(|b| code(r, 4 * word + b)));
+                    }
+                }
+            }
+            (KernelOrder::Sums, 4) => {
+                for quad in 0..rows / 4 {
+                    for half in 0..stream / 32 {
+                        for byte in 0..32 {
+                            sources.extend((0..4).map(|r| code(4 * quad + r, 32 * half + byte)));
+                        }
+                    }
+                }
+            }
+            (KernelOrder::Sums, _) => {
+                for r in 0..rows {
+                    sources.extend((0..stream).map(|s| code(r, s)));
+                }
+            }
+        }
+        for k in 0..f.map_words() {
+            for r in 0..rows {
+                sources.extend([0, 1].map(|b| r * rb + f.map_word_at(k) + b));
+            }
+        }
+        let mut held = vec![false; rb];
+        for s in 0..stream {
+            held[f.stream_byte(s)] = true;
+        }
+        for k in 0..f.map_words() {
+            held[f.map_word_at(k)..][..2].fill(true);
+        }
+        for r in 0..rows {
+            sources.extend((0..rb).filter(|&b| !held[b]).map(|b| r * rb + b));
+        }
+        sources
+    }
+}
+
+/// [`score_group`] on a run of interleaved blocks ([`Interleaving`] for
+/// [`KernelOrder::Scores`]).
+pub fn score_interleaved(
+    layout: &Interleaving,
+    queries: &[&[f32]],
+    blocks: &[u8],
+    scores: &mut [&mut [f32]],
+    ahead: &mut Ahead,
+) {
+    assert_eq!(layout.order, KernelOrder::Scores);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let slots = query_slots(layout.format.width);
+        assert!(queries.iter().all(|q| q.len() >= slots));
+        let slot = |h: usize| queries[h][queries[h].len() - slots..].as_ptr();
+        for_each_block_tile(layout, blocks, |first, rows, tile, decoder| {
+            // SAFETY: as in `score_into`.
+            unsafe {
+                avx512::score_tile(
+                    tile,
+                    decoder,
+                    rows,
+                    &slot,
+                    queries.len(),
+                    scores,
+                    first,
+                    ahead,
+                    false,
+                )
+            };
+        });
+    }
+}
+
+/// [`accumulate_group`] on a run of interleaved blocks ([`Interleaving`] for
+/// [`KernelOrder::Sums`]).
+pub fn accumulate_interleaved(
+    layout: &Interleaving,
+    weights: &[&[f32]],
+    blocks: &[u8],
+    accs: &mut [&mut [f32]],
+    ahead: &mut Ahead,
+) {
+    assert_eq!(layout.order, KernelOrder::Sums);
+    #[cfg(target_arch = "x86_64")]
+    for_each_block_tile(layout, blocks, |first, rows, tile, decoder| {
+        // SAFETY: as in `accumulate_into`.
+        unsafe { avx512::accumulate_tile(tile, decoder, rows, first, weights, accs, 0, ahead) };
+    });
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
@@ -476,6 +659,27 @@ fn for_each_tile(
     });
 }
 
+/// Calls `f(first_row, rows, tile, decoder)` for consecutive tiles of interleaved `blocks`,
+/// after decoding each tile's maps.
+#[cfg(target_arch = "x86_64")]
+fn for_each_block_tile(
+    layout: &Interleaving,
+    blocks: &[u8],
+    mut f: impl FnMut(usize, &avx512::Blocks, &mut Tile, &avx512::Decoder),
+) {
+    assert!(blocks.len().is_multiple_of(layout.block_bytes()));
+    with_scratch(&layout.format, |tile, decoder, _| {
+        let tile_bytes = TILE_ROWS / INTERLEAVED_ROWS * layout.block_bytes();
+        for (i, chunk) in blocks.chunks(tile_bytes).enumerate() {
+            let rows = avx512::Blocks::new(layout, chunk);
+            // SAFETY: the format is supported (`with_scratch`), so every block holds its
+            // codes and maps, and the tile is sized for the width.
+            unsafe { rows.decode_maps(decoder, tile) };
+            f(i * TILE_ROWS, &rows, tile, decoder);
+        }
+    });
+}
+
 /// [`crate::Codec::score_group`] with the integer kernels: `queries[h]` are prepared queries
 /// whose last [`query_slots`] values came from [`quantize_query`].
 /// Prefetches `ahead` as it goes, a share per 16 rows.
@@ -512,7 +716,7 @@ fn score_into(
                 avx512::score_tile(
                     tile,
                     decoder,
-                    rows,
+                    &avx512::Rows::new(decoder, rows),
                     &slot,
                     queries.len(),
                     scores,
@@ -570,7 +774,15 @@ pub fn score_channel_blocks(
                     // SAFETY: as in `score_group`, with the row scales set to 1.
                     unsafe {
                         avx512::score_tile(
-                            tile, decoder, tile_rows, &slot, heads, scores, first, ahead, false,
+                            tile,
+                            decoder,
+                            &avx512::Rows::new(decoder, tile_rows),
+                            &slot,
+                            heads,
+                            scores,
+                            first,
+                            ahead,
+                            false,
                         )
                     };
                 }
@@ -610,14 +822,26 @@ fn accumulate_into(
         // SAFETY: as in `for_each_tile`; each weight row holds the tile's rows, and
         // `accumulate_tile` checks that each accumulator holds the channels.
         unsafe {
-            avx512::accumulate_tile(tile, decoder, rows, first, weights, accs, channel, ahead)
+            avx512::accumulate_tile(
+                tile,
+                decoder,
+                &avx512::Rows::new(decoder, rows),
+                first,
+                weights,
+                accs,
+                channel,
+                ahead,
+            )
         };
     });
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Ahead, CodeLayout, LevelFormat, Tile, GROUP, MAP_WORDS, QUERY_MAP, TILE_ROWS};
+    use super::{
+        Ahead, CodeLayout, LevelFormat, Tile, GROUP, INTERLEAVED_ROWS, MAP_WORDS, QUERY_MAP,
+        TILE_ROWS,
+    };
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
 
@@ -710,24 +934,21 @@ mod avx512 {
                     72,
                     [!0, first_bytes(8)],
                     [first_bytes(36), 0],
-                    Some(bytes(std::array::from_fn(|j| {
-                        (18 * (j / 16) + 2 + j % 16) as u8
-                    }))),
+                    Some(bytes(std::array::from_fn(|j| format.stream_byte(j) as u8))),
                 ),
             };
             // Half a chunk: 32 stream bytes, or q4_0's two blocks of 18 bytes.
             let (half_step, nibble_pairs) = match format.codes {
                 CodeLayout::Packed { .. } => (8 * b, pair_permute(|b| b)),
-                CodeLayout::Q4_0 => (36, pair_permute(|b| 18 * (b / 16) + 2 + b % 16)),
+                CodeLayout::Q4_0 => (36, pair_permute(|b| format.stream_byte(b))),
             };
-            let m = format.maps;
-            let maps = format.width / m.channels;
+            let maps = format.maps();
             let words: [u8; 64] = std::array::from_fn(|j| {
                 let (word, byte) = (j / 2, j % 2);
-                let at = match m.min_at {
-                    _ if word < maps => m.scale_at + word * m.stride,
-                    Some(min_at) if word < 2 * maps => min_at + (word - maps) * m.stride,
-                    _ => 0,
+                let at = if word < format.map_words() {
+                    format.map_word_at(word)
+                } else {
+                    0
                 };
                 (at + byte) as u8
             });
@@ -751,7 +972,7 @@ mod avx512 {
                     ((j / 8) * b + (j % 8).min(b - 1)) as u8
                 })),
                 shifts: bytes(std::array::from_fn(|j| ((j % 8) * b) as u8)),
-                gather: maps * (1 + usize::from(m.min_at.is_some())) <= 2,
+                gather: format.map_words() <= 2,
                 words: bytes(words),
                 row_lo: first_bytes(format.row_bytes),
                 row_hi: first_bytes(format.row_bytes.saturating_sub(64)),
@@ -790,12 +1011,12 @@ mod avx512 {
             }
         }
 
-        /// The source bytes of channels `64h..64h+64` of chunk `c` of the row at `row` (half
-        /// `h`), loaded as they lie.
+        /// The source bytes of channels `64h..64h+64` of chunk `c` (half `h`) of the code
+        /// stream that starts at `stream` ([`Source::stream`]), loaded as they lie.
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-        unsafe fn half_stream(&self, row: *const u8, c: usize, half: usize) -> __m512i {
-            let p = row.add(self.stream_at + c * self.stream_step + half * self.half_step);
+        unsafe fn half_stream(&self, stream: *const u8, c: usize, half: usize) -> __m512i {
+            let p = stream.add(c * self.stream_step + half * self.half_step);
             _mm512_maskz_loadu_epi8(self.half_load, p as *const i8)
         }
 
@@ -807,15 +1028,11 @@ mod avx512 {
         /// the next, joined, where they cross) with per-byte bit shifts.
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-        unsafe fn cut_group<const B: usize>(
-            &self,
-            words: &[__m512i; 16],
-            g: usize,
-        ) -> [__m512i; 8] {
+        unsafe fn cut_group<const B: usize>(&self, words: &impl Words, g: usize) -> [__m512i; 8] {
             let mut out = [_mm512_setzero_si512(); 8];
             for (k, o) in out.iter_mut().enumerate() {
                 if B == 4 {
-                    let word = words[4 * g + k / 2];
+                    let word = words.word(4 * g + k / 2);
                     let codes = if k % 2 == 0 {
                         word
                     } else {
@@ -834,13 +1051,16 @@ mod avx512 {
                 };
                 let codes = if within + 4 * B > 32 {
                     let joined = _mm512_shrdv_epi32(
-                        words[word],
-                        words[word + 1],
+                        words.word(word),
+                        words.word(word + 1),
                         _mm512_set1_epi32(within as i32),
                     );
                     _mm512_multishift_epi64_epi8(_mm512_set1_epi64(control(0)), joined)
                 } else {
-                    _mm512_multishift_epi64_epi8(_mm512_set1_epi64(control(within)), words[word])
+                    _mm512_multishift_epi64_epi8(
+                        _mm512_set1_epi64(control(within)),
+                        words.word(word),
+                    )
                 };
                 *o = self.level(_mm512_and_si512(codes, self.code_mask));
             }
@@ -857,11 +1077,11 @@ mod avx512 {
             }
         }
 
-        /// The byte levels of channels `64h..64h+64` of the packed row at `row`.
+        /// The byte levels of channels `64h..64h+64` of the packed code stream at `stream`.
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-        unsafe fn byte_levels(&self, row: *const u8, h: usize) -> __m512i {
-            let src = self.half_stream(row, h / 2, h % 2);
+        unsafe fn byte_levels(&self, stream: *const u8, h: usize) -> __m512i {
+            let src = self.half_stream(stream, h / 2, h % 2);
             let placed = _mm512_permutexvar_epi8(self.permute, src);
             let codes = _mm512_and_si512(
                 _mm512_multishift_epi64_epi8(self.shifts, placed),
@@ -905,7 +1125,6 @@ mod avx512 {
             enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2,f16c"
         )]
         unsafe fn gather_maps(&self, rows: &[u8], n: usize, tile: &mut Tile) {
-            let m = self.format.maps;
             let rb = self.format.row_bytes;
             let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
             for block in (0..n).step_by(16) {
@@ -915,11 +1134,7 @@ mod avx512 {
                     _mm512_set1_epi32(rb as i32),
                 );
                 self.store_maps(block, tile, |k| {
-                    let at = match m.min_at {
-                        Some(min_at) if k >= self.maps => min_at + (k - self.maps) * m.stride,
-                        _ => m.scale_at + k * m.stride,
-                    };
-                    gather_f16(rows.as_ptr(), offsets, at, mask)
+                    gather_f16(rows.as_ptr(), offsets, self.format.map_word_at(k), mask)
                 });
             }
         }
@@ -965,6 +1180,203 @@ mod avx512 {
                     _mm512_storeu_ps(tile.centers.as_mut_ptr().add(at), center_value);
                 }
             }
+        }
+    }
+
+    /// Where the kernels read a tile's codes: rows as the codec stores them ([`Rows`]) or
+    /// interleaved blocks ([`Blocks`]).
+    pub trait Source {
+        /// Rows in the tile.
+        fn rows(&self) -> usize;
+        /// The stream words of 128-channel chunk `c` of rows `block..block + 16` (a multiple
+        /// of 16), one row per lane: vector `j` holds word `j` of each row's chunk (zero past
+        /// the chunk). Rows past the tile repeat its last row; their scores are not stored.
+        unsafe fn words<const B: usize>(
+            &self,
+            decoder: &Decoder,
+            block: usize,
+            c: usize,
+        ) -> impl Words;
+        /// The stream bytes of half `half` of chunk `c` (4-bit codes) of rows `4k..4k + 4`,
+        /// one byte of the 4 rows per 32-bit lane: lane `l` of vector `v` holds the half's
+        /// byte `16v + l`. Rows past the tile repeat its last row, under zero weights.
+        unsafe fn nibble_quad(
+            &self,
+            decoder: &Decoder,
+            k: usize,
+            c: usize,
+            half: usize,
+        ) -> [__m512i; 2];
+        /// Where row `i`'s code stream starts (the last row's, past the tile), for
+        /// [`Decoder::byte_levels`].
+        fn stream(&self, decoder: &Decoder, i: usize) -> *const u8;
+    }
+
+    /// The stream words of a chunk of 16 rows ([`Source::words`]).
+    pub trait Words {
+        /// Word `j` of each row, one row per lane.
+        unsafe fn word(&self, j: usize) -> __m512i;
+    }
+
+    /// Words transposed in registers.
+    impl Words for [__m512i; 16] {
+        #[inline(always)]
+        unsafe fn word(&self, j: usize) -> __m512i {
+            self[j]
+        }
+    }
+
+    /// Words as an interleaved block holds them, loaded when used.
+    struct Loaded(*const __m512i);
+
+    impl Words for Loaded {
+        #[inline(always)]
+        unsafe fn word(&self, j: usize) -> __m512i {
+            _mm512_loadu_si512(self.0.add(j) as *const _)
+        }
+    }
+
+    /// A tile's rows as the codec stores them, one after another.
+    pub struct Rows<'a> {
+        rows: &'a [u8],
+        row_bytes: usize,
+    }
+
+    impl<'a> Rows<'a> {
+        /// The whole rows of `rows` in `decoder`'s format.
+        pub fn new(decoder: &Decoder, rows: &'a [u8]) -> Self {
+            let row_bytes = decoder.format.row_bytes;
+            Self { rows, row_bytes }
+        }
+
+        /// Row `i`, or the last row past the tile.
+        fn row(&self, i: usize) -> *const u8 {
+            let last = self.rows() - 1;
+            self.rows[i.min(last) * self.row_bytes..].as_ptr()
+        }
+    }
+
+    impl Source for Rows<'_> {
+        fn rows(&self) -> usize {
+            self.rows.len() / self.row_bytes
+        }
+
+        /// Loads each row's chunk and transposes the 16 rows as 32-bit words.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn words<const B: usize>(
+            &self,
+            decoder: &Decoder,
+            block: usize,
+            c: usize,
+        ) -> impl Words {
+            let streams: [__m512i; 16] =
+                std::array::from_fn(|r| decoder.stream(self.row(block + r), c));
+            transpose16(&streams)
+        }
+
+        /// Loads the half of 4 rows and interleaves them byte-wise (a byte permutation of
+        /// each pair, then 16-bit unpacks).
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn nibble_quad(
+            &self,
+            decoder: &Decoder,
+            k: usize,
+            c: usize,
+            half: usize,
+        ) -> [__m512i; 2] {
+            let half_stream =
+                |i: usize| decoder.half_stream(self.stream(decoder, 4 * k + i), c, half);
+            let (s0, s1) = (half_stream(0), half_stream(1));
+            let (s2, s3) = (half_stream(2), half_stream(3));
+            let p01 = _mm512_permutex2var_epi8(s0, decoder.nibble_pairs, s1);
+            let p23 = _mm512_permutex2var_epi8(s2, decoder.nibble_pairs, s3);
+            [
+                _mm512_unpacklo_epi16(p01, p23),
+                _mm512_unpackhi_epi16(p01, p23),
+            ]
+        }
+
+        fn stream(&self, decoder: &Decoder, i: usize) -> *const u8 {
+            self.row(i).wrapping_add(decoder.stream_at)
+        }
+    }
+
+    /// A tile of interleaved blocks ([`super::Interleaving`]): the kernels load their vectors
+    /// as they lie.
+    pub struct Blocks<'a> {
+        blocks: &'a [u8],
+        layout: super::Interleaving,
+    }
+
+    impl<'a> Blocks<'a> {
+        /// The whole blocks of `blocks` in `layout`.
+        pub fn new(layout: &super::Interleaving, blocks: &'a [u8]) -> Self {
+            Self {
+                blocks,
+                layout: *layout,
+            }
+        }
+
+        /// The first byte of the block that holds row `i`.
+        fn block(&self, i: usize) -> *const u8 {
+            self.blocks[i / INTERLEAVED_ROWS * self.layout.block_bytes()..].as_ptr()
+        }
+
+        /// The maps of the tile's rows into `tile`, as [`Decoder::decode`] does for rows.
+        #[target_feature(
+            enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2,f16c"
+        )]
+        pub unsafe fn decode_maps(&self, decoder: &Decoder, tile: &mut Tile) {
+            assert!(self.rows() <= TILE_ROWS);
+            for block in (0..self.rows()).step_by(INTERLEAVED_ROWS) {
+                let maps = self.block(block).add(self.layout.maps_at());
+                decoder.store_maps(block, tile, |k| {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(maps.add(32 * k) as *const _))
+                });
+            }
+        }
+    }
+
+    impl Source for Blocks<'_> {
+        fn rows(&self) -> usize {
+            self.blocks.len() / self.layout.block_bytes() * INTERLEAVED_ROWS
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn words<const B: usize>(
+            &self,
+            _decoder: &Decoder,
+            block: usize,
+            c: usize,
+        ) -> impl Words {
+            // A chunk is 4B words (2B for a tail, whose groups read no further).
+            Loaded(self.block(block).add(64 * 4 * B * c) as *const __m512i)
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn nibble_quad(
+            &self,
+            _decoder: &Decoder,
+            k: usize,
+            c: usize,
+            half: usize,
+        ) -> [__m512i; 2] {
+            let halves = self.layout.stream_bytes() / 32;
+            let quad = (k % (INTERLEAVED_ROWS / 4)) * halves + 2 * c + half;
+            let at = self.block(4 * k).add(128 * quad) as *const __m512i;
+            [
+                _mm512_loadu_si512(at as *const _),
+                _mm512_loadu_si512(at.add(1) as *const _),
+            ]
+        }
+
+        fn stream(&self, _decoder: &Decoder, i: usize) -> *const u8 {
+            let at = (i % INTERLEAVED_ROWS) * self.layout.stream_bytes();
+            self.block(i).wrapping_add(at)
         }
     }
 
@@ -1156,10 +1568,10 @@ mod avx512 {
     /// [`super::query_slots`] values), into `scores[h][first..]` (added to them if `add`).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-    pub unsafe fn score_tile(
+    pub unsafe fn score_tile<S: Source>(
         tile: &Tile,
         decoder: &Decoder,
-        rows: &[u8],
+        rows: &S,
         slot: &dyn Fn(usize) -> *const f32,
         heads: usize,
         scores: &mut [&mut [f32]],
@@ -1167,7 +1579,7 @@ mod avx512 {
         ahead: &mut Ahead,
         add: bool,
     ) {
-        let n = rows.len() / decoder.format.row_bytes;
+        let n = rows.rows();
         assert!(scores.len() >= heads);
         assert!(scores.iter().all(|s| s.len() >= first + n) && n <= TILE_ROWS);
         for h0 in (0..heads).step_by(SCORE_HEADS) {
@@ -1175,18 +1587,18 @@ mod avx512 {
             let q: [*const f32; SCORE_HEADS] = std::array::from_fn(|h| slot((h0 + h).min(h1 - 1)));
             let (q, s) = (&q[..h1 - h0], &mut scores[h0..h1]);
             match (q.len(), decoder.format.code_bits()) {
-                (1, 2) => score_heads::<1, 2>(tile, decoder, rows, q, s, first, ahead, add),
-                (2, 2) => score_heads::<2, 2>(tile, decoder, rows, q, s, first, ahead, add),
-                (3, 2) => score_heads::<3, 2>(tile, decoder, rows, q, s, first, ahead, add),
-                (_, 2) => score_heads::<4, 2>(tile, decoder, rows, q, s, first, ahead, add),
-                (1, 3) => score_heads::<1, 3>(tile, decoder, rows, q, s, first, ahead, add),
-                (2, 3) => score_heads::<2, 3>(tile, decoder, rows, q, s, first, ahead, add),
-                (3, 3) => score_heads::<3, 3>(tile, decoder, rows, q, s, first, ahead, add),
-                (_, 3) => score_heads::<4, 3>(tile, decoder, rows, q, s, first, ahead, add),
-                (1, _) => score_heads::<1, 4>(tile, decoder, rows, q, s, first, ahead, add),
-                (2, _) => score_heads::<2, 4>(tile, decoder, rows, q, s, first, ahead, add),
-                (3, _) => score_heads::<3, 4>(tile, decoder, rows, q, s, first, ahead, add),
-                _ => score_heads::<4, 4>(tile, decoder, rows, q, s, first, ahead, add),
+                (1, 2) => score_heads::<1, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (2, 2) => score_heads::<2, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (3, 2) => score_heads::<3, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (_, 2) => score_heads::<4, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (1, 3) => score_heads::<1, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (2, 3) => score_heads::<2, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (3, 3) => score_heads::<3, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (_, 3) => score_heads::<4, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (1, _) => score_heads::<1, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (2, _) => score_heads::<2, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (3, _) => score_heads::<3, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
+                _ => score_heads::<4, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
             }
         }
     }
@@ -1197,10 +1609,10 @@ mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn score_heads<const H: usize, const B: usize>(
+    unsafe fn score_heads<const H: usize, const B: usize, S: Source>(
         tile: &Tile,
         decoder: &Decoder,
-        rows: &[u8],
+        rows: &S,
         slots: &[*const f32],
         scores: &mut [&mut [f32]],
         first: usize,
@@ -1208,8 +1620,7 @@ mod avx512 {
         add: bool,
     ) {
         let format = &decoder.format;
-        let (w, rb) = (format.width, format.row_bytes);
-        let n = rows.len() / rb;
+        let (w, n) = (format.width, rows.rows());
         let center = format.center();
         let has_min = format.maps.min_at.is_some();
         let q: [*const f32; H] = std::array::from_fn(|h| slots[h]);
@@ -1230,13 +1641,7 @@ mod avx512 {
             let mut acc = [_mm512_setzero_ps(); H];
             let mut row_dots = [_mm512_setzero_si512(); H];
             for c in 0..w.div_ceil(128) {
-                let mut streams = [_mm512_setzero_si512(); 16];
-                for (r, s) in streams.iter_mut().enumerate() {
-                    // Rows past the tile repeat its last row; their scores are not stored.
-                    let row = rows.as_ptr().add((block + r).min(n - 1) * rb);
-                    *s = decoder.stream(row, c);
-                }
-                let words = transpose16(&streams);
+                let words = rows.words::<B>(decoder, block, c);
                 let groups = if decoder.is_tail(c) { 2 } else { 4 };
                 for local in 0..groups {
                     let g = 4 * c + local;
@@ -1334,10 +1739,10 @@ mod avx512 {
     /// rows.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-    pub unsafe fn accumulate_tile(
+    pub unsafe fn accumulate_tile<S: Source>(
         tile: &mut Tile,
         decoder: &Decoder,
-        rows: &[u8],
+        rows: &S,
         first: usize,
         weights: &[&[f32]],
         accs: &mut [&mut [f32]],
@@ -1345,7 +1750,7 @@ mod avx512 {
         ahead: &mut Ahead,
     ) {
         let format = &decoder.format;
-        let (w, n) = (format.width, rows.len() / format.row_bytes);
+        let (w, n) = (format.width, rows.rows());
         let per_map = format.maps.channels / GROUP;
         let maps = w / format.maps.channels;
         let center = format.center();
@@ -1357,26 +1762,34 @@ mod avx512 {
         // Lanes of 16 rows, masked to the tile's rows.
         let masks: [__mmask16; VECTORS] =
             std::array::from_fn(|i| first_lanes(n.saturating_sub(16 * i)));
+        // Rows that some head weighs: the others (masked positions, the unwritten rows of a
+        // partly written block) add nothing, and their scales must not coarsen the rounding.
+        let live: [__mmask16; VECTORS] = std::array::from_fn(|i| {
+            weights.iter().fold(0, |live, w| {
+                let x = _mm512_maskz_loadu_ps(masks[i], w.as_ptr().wrapping_add(first + 16 * i));
+                live | _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(x, _mm512_setzero_ps())
+            })
+        });
         // Each map's scales over their largest magnitude in the tile (a map's groups hold
         // the same scales).
+        // (Only the first `maps` are written and read: zeroing all costs a 4 KiB memset per
+        // tile, measured.)
         let mut largest_scale = [0f32; MAX_GROUPS];
-        let mut relative_scales = [[_mm512_setzero_ps(); VECTORS]; MAX_GROUPS];
-        for g in 0..maps {
+        let mut relative_scales = [MaybeUninit::<[__m512; VECTORS]>::uninit(); MAX_GROUPS];
+        for (g, relative) in relative_scales.iter_mut().enumerate().take(maps) {
             let s = tile.scales.as_ptr().add(g * per_map * TILE_ROWS);
-            let mut largest = _mm512_setzero_ps();
-            for (i, r) in relative_scales[g].iter_mut().enumerate() {
-                *r = _mm512_maskz_loadu_ps(masks[i], s.add(16 * i));
-                largest = _mm512_max_ps(largest, _mm512_abs_ps(*r));
-            }
+            let loaded: [__m512; VECTORS] =
+                std::array::from_fn(|i| _mm512_maskz_loadu_ps(live[i], s.add(16 * i)));
+            let largest = loaded.iter().fold(_mm512_setzero_ps(), |m, &r| {
+                _mm512_max_ps(m, _mm512_abs_ps(r))
+            });
             largest_scale[g] = _mm512_reduce_max_ps(largest);
             let inv = if largest_scale[g] > 0.0 {
                 1.0 / largest_scale[g]
             } else {
                 0.0
             };
-            for r in relative_scales[g].iter_mut() {
-                *r = _mm512_mul_ps(*r, _mm512_set1_ps(inv));
-            }
+            relative.write(loaded.map(|r| _mm512_mul_ps(r, _mm512_set1_ps(inv))));
         }
         for h0 in (0..weights.len()).step_by(SUM_HEADS) {
             let heads = weights.len().min(h0 + SUM_HEADS) - h0;
@@ -1414,8 +1827,10 @@ mod avx512 {
                             let value = _mm512_loadu_ps(tile.centers.as_ptr().add(at));
                             center_sum = _mm512_fmadd_ps(x, value, center_sum);
                         }
-                        let codes =
-                            _mm512_cvtps_epi32(_mm512_mul_ps(levels[i], relative_scales[g][i]));
+                        let codes = _mm512_cvtps_epi32(_mm512_mul_ps(
+                            levels[i],
+                            relative_scales[g].assume_init()[i],
+                        ));
                         code_sum = _mm512_add_epi32(code_sum, codes);
                         let out = tile
                             .weights
@@ -1429,14 +1844,28 @@ mod avx512 {
             }
             let accs = &mut accs[h0..h0 + heads];
             match (heads, format.code_bits()) {
-                (1, 4) => sums_of_nibbles::<1>(tile, decoder, rows, &rounded, accs, channel, ahead),
-                (2, 4) => sums_of_nibbles::<2>(tile, decoder, rows, &rounded, accs, channel, ahead),
-                (3, 4) => sums_of_nibbles::<3>(tile, decoder, rows, &rounded, accs, channel, ahead),
-                (_, 4) => sums_of_nibbles::<4>(tile, decoder, rows, &rounded, accs, channel, ahead),
-                (1, _) => sums_of_levels::<1>(tile, decoder, rows, &rounded, accs, channel, ahead),
-                (2, _) => sums_of_levels::<2>(tile, decoder, rows, &rounded, accs, channel, ahead),
-                (3, _) => sums_of_levels::<3>(tile, decoder, rows, &rounded, accs, channel, ahead),
-                _ => sums_of_levels::<4>(tile, decoder, rows, &rounded, accs, channel, ahead),
+                (1, 4) => {
+                    sums_of_nibbles::<1, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                (2, 4) => {
+                    sums_of_nibbles::<2, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                (3, 4) => {
+                    sums_of_nibbles::<3, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                (_, 4) => {
+                    sums_of_nibbles::<4, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                (1, _) => {
+                    sums_of_levels::<1, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                (2, _) => {
+                    sums_of_levels::<2, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                (3, _) => {
+                    sums_of_levels::<3, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                _ => sums_of_levels::<4, S>(tile, decoder, rows, &rounded, accs, channel, ahead),
             }
         }
     }
@@ -1501,18 +1930,17 @@ mod avx512 {
     /// interleaved (one byte of 4 rows per lane) and both nibbles cut.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-    unsafe fn sums_of_nibbles<const H: usize>(
+    unsafe fn sums_of_nibbles<const H: usize, S: Source>(
         tile: &Tile,
         decoder: &Decoder,
-        rows: &[u8],
+        rows: &S,
         rounded: &Rounded,
         accs: &mut [&mut [f32]],
         channel: usize,
         ahead: &mut Ahead,
     ) {
         let format = &decoder.format;
-        let (w, rb) = (format.width, format.row_bytes);
-        let n = rows.len() / rb;
+        let (w, n) = (format.width, rows.rows());
         let nibble = _mm512_set1_epi8(0x0f);
 
         // Packed codes alternate channels within a byte; q4_0's nibbles are 16 apart.
@@ -1532,15 +1960,7 @@ mod avx512 {
                     if c == 0 && half == 0 {
                         ahead.rows(4);
                     }
-                    // Rows past the tile repeat its last row, under zero weights.
-                    let row = |i: usize| rows.as_ptr().add((4 * k + i).min(n - 1) * rb);
-                    let half_stream = |i: usize| decoder.half_stream(row(i), c, half);
-                    let (s0, s1) = (half_stream(0), half_stream(1));
-                    let (s2, s3) = (half_stream(2), half_stream(3));
-                    let p01 = _mm512_permutex2var_epi8(s0, decoder.nibble_pairs, s1);
-                    let p23 = _mm512_permutex2var_epi8(s2, decoder.nibble_pairs, s3);
-                    let x0 = _mm512_unpacklo_epi16(p01, p23);
-                    let x1 = _mm512_unpackhi_epi16(p01, p23);
+                    let [x0, x1] = rows.nibble_quad(decoder, k, c, half);
                     let parts = [
                         decoder.level(_mm512_and_si512(x0, nibble)),
                         decoder.level(_mm512_and_si512(_mm512_srli_epi16::<4>(x0), nibble)),
@@ -1575,17 +1995,16 @@ mod avx512 {
     /// decoded to byte levels and interleaved (one channel of 4 rows per lane).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-    unsafe fn sums_of_levels<const H: usize>(
+    unsafe fn sums_of_levels<const H: usize, S: Source>(
         tile: &Tile,
         decoder: &Decoder,
-        rows: &[u8],
+        rows: &S,
         rounded: &Rounded,
         accs: &mut [&mut [f32]],
         channel: usize,
         ahead: &mut Ahead,
     ) {
-        let (w, rb) = (decoder.format.width, decoder.format.row_bytes);
-        let n = rows.len() / rb;
+        let (w, n) = (decoder.format.width, rows.rows());
         let (lo, hi) = (pair_permute(|b| b), pair_permute(|b| 32 + b));
         let acc: [*mut f32; H] = std::array::from_fn(|h| accs[h].as_mut_ptr().add(channel));
         for half in 0..w / 64 {
@@ -1595,8 +2014,7 @@ mod avx512 {
                 if half == 0 {
                     ahead.rows(4);
                 }
-                // Rows past the tile repeat its last row, under zero weights.
-                let row = |i: usize| rows.as_ptr().add((4 * k + i).min(n - 1) * rb);
+                let row = |i: usize| rows.stream(decoder, 4 * k + i);
                 let (r0, r1) = (
                     decoder.byte_levels(row(0), half),
                     decoder.byte_levels(row(1), half),

@@ -28,6 +28,7 @@ pub mod bits;
 pub mod float;
 pub mod fp8;
 pub mod ggml;
+pub mod interleaved;
 pub mod kivi;
 pub mod levels;
 pub mod lloyd_max;
@@ -253,6 +254,22 @@ pub trait Codec: Send + Sync {
     /// [`levels::finish_segment_query`]'s slots to its prepared query.
     fn level_segments(&self) -> &[levels::LevelSegment] {
         &[]
+    }
+    /// Whether the rows of a block are encoded one at a time ([`Codec::encode_row`]): a cache
+    /// then writes a block row by row and reads it partly written (the default: one-row
+    /// blocks).
+    fn writes_rows(&self) -> bool {
+        self.block_tokens() == 1
+    }
+    /// Encodes row `t` of `block` in place, leaving its other rows as they are (codecs that
+    /// [`Codec::writes_rows`]). The default encodes a one-row block.
+    fn encode_row(&self, row: &[f32], t: usize, block: &mut [u8]) -> Result<(), CodecError> {
+        assert!(
+            self.block_tokens() == 1 && t == 0,
+            "{} encodes whole blocks",
+            self.name()
+        );
+        self.encode(row, block)
     }
     /// Turns an accumulator into output values (`head_dim` long); the default copies it.
     fn finish(&self, acc: &[f32], out: &mut [f32]) {

@@ -384,6 +384,11 @@ pub fn axpy_rows_group(
 /// attention. The vector path's relative error is below 3·10⁻⁷.
 pub fn exp_shifted(xs: &mut [f32], max: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
+    if use_avx512() {
+        // SAFETY: the CPU supports AVX-512F.
+        return unsafe { avx512::exp_shifted(xs, max) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if use_avx2() {
         // SAFETY: the CPU supports AVX2 and FMA.
         return unsafe { avx2::exp_shifted(xs, max) };
@@ -1330,6 +1335,45 @@ mod avx512 {
     use super::avx2::hsum8;
     use super::RowFormat;
     use std::arch::x86_64::*;
+
+    /// `e^x` per lane for `x ≤ 0`: `2^n·e^f` with `n = round(x/ln 2)`, `|f| ≤ ln 2 / 2`, and a
+    /// degree-6 Taylor polynomial for `e^f` (relative error below 1.2e-7); `vscalefps` applies
+    /// `2^n`, so lanes below −104 (and −∞) give 0.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
+    unsafe fn exp16(x: __m512) -> __m512 {
+        let x = _mm512_max_ps(x, _mm512_set1_ps(-104.0));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        // f = x − n·ln 2 in two steps (ln 2 = hi + lo, hi exact in 16 bits).
+        let f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
+        let f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), f);
+        let mut p = _mm512_set1_ps(1.0 / 720.0);
+        for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+            p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+        }
+        _mm512_scalef_ps(p, n)
+    }
+
+    /// [`super::exp_shifted`].
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn exp_shifted(xs: &mut [f32], max: f32) -> f32 {
+        let m = _mm512_set1_ps(max);
+        let mut sum = _mm512_setzero_ps();
+        for c in xs.chunks_mut(16) {
+            let lanes: __mmask16 = if c.len() == 16 {
+                !0
+            } else {
+                (1 << c.len()) - 1
+            };
+            let x = _mm512_maskz_loadu_ps(lanes, c.as_ptr());
+            let e = _mm512_maskz_mov_ps(lanes, exp16(_mm512_sub_ps(x, m)));
+            _mm512_mask_storeu_ps(c.as_mut_ptr(), lanes, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        _mm512_reduce_add_ps(sum)
+    }
 
     /// 16 values at element `i` of the row at `row` (no bounds check).
     #[inline]

@@ -3,6 +3,7 @@
 //! reconstruction error is within a loose per-scheme bound, NaN/±inf is rejected, the fused
 //! `score` and `accumulate` agree with decode-then-compute, and the bit accounting is exact.
 
+use kvq_codec::interleaved::interleave;
 use kvq_codec::simd::Ahead;
 use kvq_codec::{
     build_codec, scheme_names, Calibration, Codec, CodecError, OakenThresholds, Role, SchemeKind,
@@ -79,7 +80,8 @@ fn build(
 /// A scheme's name and a codec of it.
 type NamedCodec = (String, Box<dyn Codec>);
 
-/// Every uncalibrated scheme, built once.
+/// Every uncalibrated scheme, built once, and in interleaved blocks where the integer kernels
+/// read its rows (as a cache keeps it).
 fn codecs() -> &'static [NamedCodec] {
     static CODECS: OnceLock<Vec<NamedCodec>> = OnceLock::new();
     CODECS.get_or_init(|| {
@@ -87,7 +89,12 @@ fn codecs() -> &'static [NamedCodec] {
         for name in scheme_names().into_iter().filter(|n| n != "oaken") {
             for d in HEAD_DIMS {
                 for role in ROLES {
-                    if let Some(c) = build(&name, role, d, &Calibration::default()) {
+                    let build = || build(&name, role, d, &Calibration::default());
+                    if let Some(c) = build() {
+                        all.push((name.clone(), c));
+                    }
+                    let interleaved = build().map(|c| interleave(c, role));
+                    if let Some(c) = interleaved.filter(|c| c.block_tokens() > 1) {
                         all.push((name.clone(), c));
                     }
                 }

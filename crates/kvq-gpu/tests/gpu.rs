@@ -230,6 +230,8 @@ fn gpu_attention_equals_cpu_attention() {
             sink_tokens: 0,
             max_append_tokens: 1024,
             seed: 99,
+            // The device reads pages as rows.
+            interleave: false,
         };
         let cal = (calibration(spec.k), calibration(spec.v));
         let mut cache = KvCache::new(

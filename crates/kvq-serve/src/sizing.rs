@@ -10,8 +10,9 @@
 //! and a reservation is never exceeded, so the cache never runs out of pages mid-request.
 
 use kvq_cache::memory::{self, pages_per_sequence, sizing_calibration};
+use kvq_cache::pool::{cache_codec, write_tokens};
 use kvq_cache::{CacheError, CacheOptions, LayerShape, Policy};
-use kvq_codec::{build_codec, Role, SchemeKind};
+use kvq_codec::{Role, SchemeKind};
 
 /// The pool a budget buys and the accounting of its pages.
 #[derive(Clone, Debug)]
@@ -66,8 +67,9 @@ impl CachePlan {
             .zip(&policy.layers)
             .map(|(shape, s)| {
                 let block = |kind: SchemeKind, role| {
-                    build_codec(kind, role, shape.head_dim, &sizing_calibration(), 0)
-                        .map(|c| c.block_tokens())
+                    let calibration = sizing_calibration();
+                    cache_codec(kind, role, shape.head_dim, &calibration, 0, options)
+                        .map(|c| write_tokens(c.as_ref()))
                 };
                 Ok(lcm(block(s.k, Role::Key)?, block(s.v, Role::Value)?))
             })
