@@ -749,8 +749,9 @@ fn release_dead_pages(pool: &mut LayerPool, sl: &mut SeqLayer, opts: &CacheOptio
 }
 
 /// The codec a cache keeps `role`'s rows of `kind` with: in the integer kernels' order where
-/// they read it, pages hold whole interleaved blocks and `options` ask for it
-/// ([`kvq_codec::interleaved`]).
+/// this CPU runs them and they read the codec, pages hold whole interleaved blocks and
+/// `options` ask for it ([`kvq_codec::interleaved`]; elsewhere the kernels would read the
+/// blocks through a copy in row order).
 pub fn cache_codec(
     kind: SchemeKind,
     role: Role,
@@ -760,13 +761,14 @@ pub fn cache_codec(
     options: &CacheOptions,
 ) -> Result<Box<dyn Codec>, kvq_codec::CodecError> {
     let codec = build_codec(kind, role, head_dim, calibration, seed)?;
-    Ok(
-        if options.interleave && options.page_tokens.is_multiple_of(INTERLEAVED_ROWS) {
-            kvq_codec::interleaved::interleave(codec, role)
-        } else {
-            codec
-        },
-    )
+    let interleave = options.interleave
+        && kvq_codec::levels::available()
+        && options.page_tokens.is_multiple_of(INTERLEAVED_ROWS);
+    Ok(if interleave {
+        kvq_codec::interleaved::interleave(codec, role)
+    } else {
+        codec
+    })
 }
 
 /// Tokens a cache encodes into `codec`'s pages at a time: 1 where it writes blocks row by row
