@@ -40,18 +40,37 @@ pub fn interleave(codec: Box<dyn Codec>, role: Role) -> Box<dyn Codec> {
 pub struct Interleaved {
     inner: Box<dyn Codec>,
     layout: Interleaving,
-    /// Byte `s` of a block's rows (row after row) is byte `targets[s]` of the block.
-    targets: Vec<u32>,
+    /// Where each byte of a block's rows (row after row) goes in the block.
+    targets: Vec<Target>,
+}
+
+/// Where a byte of a block's rows goes: a whole byte of the block (codes of 4 bits, maps), or
+/// 8 bits anywhere (bit planes of narrower codes).
+#[derive(Clone, Copy)]
+enum Target {
+    Byte(u32),
+    Bits([u32; 8]),
 }
 
 impl Interleaved {
     /// `inner`'s rows in `layout` (whose format is `inner`'s level format).
     pub fn new(inner: Box<dyn Codec>, layout: Interleaving) -> Self {
         assert_eq!(inner.level_format(), Some(layout.format));
-        let mut targets = vec![0u32; layout.block_bytes()];
-        for (i, source) in layout.sources().into_iter().enumerate() {
-            targets[source] = i as u32;
+        let mut bit_targets = vec![0u32; 8 * layout.block_bytes()];
+        for (i, source) in layout.bit_sources().into_iter().enumerate() {
+            bit_targets[source as usize] = i as u32;
         }
+        let targets = bit_targets
+            .chunks_exact(8)
+            .map(|bits| {
+                let whole = bits[0] % 8 == 0 && (0..8).all(|j| bits[j] == bits[0] + j as u32);
+                if whole {
+                    Target::Byte(bits[0] / 8)
+                } else {
+                    Target::Bits(std::array::from_fn(|j| bits[j]))
+                }
+            })
+            .collect();
         Self {
             inner,
             layout,
@@ -67,8 +86,32 @@ impl Interleaved {
             .chunks_exact(block_bytes)
             .zip(rows.chunks_exact_mut(block_bytes))
         {
-            for (row_byte, &target) in out.iter_mut().zip(&self.targets) {
-                *row_byte = block[target as usize];
+            for (row_byte, target) in out.iter_mut().zip(&self.targets) {
+                *row_byte = match *target {
+                    Target::Byte(at) => block[at as usize],
+                    Target::Bits(bits) => bits.iter().enumerate().fold(0, |byte, (j, &at)| {
+                        byte | ((block[at as usize / 8] >> (at % 8)) & 1) << j
+                    }),
+                };
+            }
+        }
+    }
+
+    /// Writes `bytes`, the rows' bytes from byte `first` on, into their places in `block`.
+    fn scatter(&self, bytes: &[u8], first: usize, block: &mut [u8]) {
+        for (&byte, target) in bytes.iter().zip(&self.targets[first..]) {
+            match *target {
+                Target::Byte(at) => block[at as usize] = byte,
+                Target::Bits(bits) => {
+                    for (j, &at) in bits.iter().enumerate() {
+                        let (i, mask) = (at as usize / 8, 1u8 << (at % 8));
+                        if (byte >> j) & 1 == 1 {
+                            block[i] |= mask;
+                        } else {
+                            block[i] &= !mask;
+                        }
+                    }
+                }
             }
         }
     }
@@ -112,9 +155,7 @@ impl Codec for Interleaved {
         {
             self.inner.encode(row, bytes)?;
         }
-        for (&byte, &target) in encoded.iter().zip(&self.targets) {
-            out[target as usize] = byte;
-        }
+        self.scatter(&encoded, 0, out);
         Ok(())
     }
 
@@ -201,9 +242,7 @@ impl Codec for Interleaved {
         let row_bytes = self.layout.format.row_bytes;
         let mut encoded = vec![0u8; row_bytes];
         self.inner.encode(row, &mut encoded)?;
-        for (&byte, &target) in encoded.iter().zip(&self.targets[t * row_bytes..]) {
-            block[target as usize] = byte;
-        }
+        self.scatter(&encoded, t * row_bytes, block);
         Ok(())
     }
 }

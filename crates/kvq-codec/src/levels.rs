@@ -350,20 +350,22 @@ pub const INTERLEAVED_ROWS: usize = 16;
 pub enum KernelOrder {
     /// The score kernel (keys): the 16 rows' code streams as 32-bit words, word `j` of row
     /// `r` at word `16j + r`, so that each vector the kernel reads holds one word of every
-    /// row.
+    /// row (narrower codes than 4 bits as bit planes in such words,
+    /// [`Interleaving::bit_sources`]).
     Scores,
     /// The sums (values): 4-bit streams per quad of rows and 32 stream bytes, one byte of the
     /// 4 rows per 32-bit lane (lane `l` of the quad's vector `v` holds byte `16v + l`);
-    /// narrower codes keep each row's stream whole, row after row.
+    /// narrower codes in bit planes of the same lanes ([`Interleaving::bit_sources`]).
     Sums,
 }
 
 /// Blocks of [`INTERLEAVED_ROWS`] rows of a [`LevelFormat`] whose bytes are in the order the
 /// integer kernels read them, so that they load their vectors as they lie instead of
-/// transposing and interleaving rows (`crate::interleaved`): the code streams in the
+/// transposing and interleaving rows (`crate::interleaved`): the codes in the
 /// [`KernelOrder`], then each map word of the 16 rows together (16 f16 values), then the
-/// rows' other bytes, row after row. The block is a byte permutation of the 16 rows
-/// ([`Interleaving::sources`]).
+/// rows' other bytes, row after row. The block is a permutation of the 16 rows' bits
+/// ([`Interleaving::bit_sources`]), of whole bytes but for the bit planes of 2- and 3-bit
+/// codes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Interleaving {
     /// The rows' format.
@@ -393,18 +395,25 @@ impl Interleaving {
         INTERLEAVED_ROWS * self.stream_bytes()
     }
 
-    /// For each byte of a block, the byte of the 16 rows (row after row, as the codec
-    /// stores them) that it holds.
-    pub fn sources(&self) -> Vec<usize> {
+    /// For each bit of a block (bit `8i + j` is bit `j` of byte `i`), the bit of the 16 rows
+    /// (row after row, as the codec stores them) that it holds.
+    pub fn bit_sources(&self) -> Vec<u32> {
         let (f, rows) = (&self.format, INTERLEAVED_ROWS);
-        let (rb, stream) = (f.row_bytes, self.stream_bytes());
-        let code = |r: usize, s: usize| r * rb + f.stream_byte(s);
-        let mut sources = Vec::with_capacity(self.block_bytes());
-        match (self.order, f.code_bits()) {
-            (KernelOrder::Scores, _) => {
+        let (rb, stream, bits) = (f.row_bytes, self.stream_bytes(), f.code_bits() as usize);
+        let bit_of = |byte: usize, bit: usize| (8 * byte + bit) as u32;
+        // Bit `j` of code `i` of row `r`'s stream, and whole bytes of the stream.
+        let code_bit = |r: usize, i: usize, j: usize| {
+            let s = i * bits + j;
+            bit_of(r * rb + f.stream_byte(s / 8), s % 8)
+        };
+        let code_byte =
+            |r: usize, s: usize| (0..8).map(move |j| bit_of(r * rb + f.stream_byte(s), j));
+        let mut sources = Vec::with_capacity(8 * self.block_bytes());
+        match (self.order, bits) {
+            (KernelOrder::Scores, 4) => {
                 for word in 0..stream / 4 {
                     for r in 0..rows {
-                        sources.extend((0..4).map(|b| code(r, 4 * word + b)));
+                        sources.extend((0..4).flat_map(|b| code_byte(r, 4 * word + b)));
                     }
                 }
             }
@@ -412,20 +421,58 @@ impl Interleaving {
                 for quad in 0..rows / 4 {
                     for half in 0..stream / 32 {
                         for byte in 0..32 {
-                            sources.extend((0..4).map(|r| code(4 * quad + r, 32 * half + byte)));
+                            let rows = 4 * quad..4 * quad + 4;
+                            sources.extend(rows.flat_map(|r| code_byte(r, 32 * half + byte)));
                         }
                     }
                 }
             }
+            // Bit planes: per group of 32 codes and row, two words of their low bit pairs
+            // (cut `k` of the kernel, codes `4k..4k + 4` one per byte, is bits `2k mod 8` of
+            // word `k / 4`) and for 3 bits a word of their high bits (bit `k` of byte `b`
+            // for code `4k + b`).
+            (KernelOrder::Scores, _) => {
+                for group in 0..f.width / GROUP {
+                    for plane in 0..bits {
+                        for r in 0..rows {
+                            for b in 0..4 {
+                                for t in 0..8 {
+                                    let (k, j) = match plane {
+                                        2 => (t, 2),
+                                        w => (4 * w + t / 2, t % 2),
+                                    };
+                                    sources.push(code_bit(r, GROUP * group + 4 * k + b, j));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            // Per pair of quads and 64 codes: each quad's low bit pairs (byte `4l + r` holds
+            // codes `l, 16 + l, 32 + l, 48 + l` of its row `r`, two bits each), then for 3
+            // bits their high bits (the first quad's in the low nibbles).
             (KernelOrder::Sums, _) => {
-                for r in 0..rows {
-                    sources.extend((0..stream).map(|s| code(r, s)));
+                for pair in 0..rows / 8 {
+                    for slice in 0..f.width / 64 {
+                        for plane in 0..bits {
+                            for y in 0..64 {
+                                for t in 0..8 {
+                                    let (quad, j, bit) = match plane {
+                                        2 => (2 * pair + t / 4, t % 4, 2),
+                                        q => (2 * pair + q, t / 2, t % 2),
+                                    };
+                                    let r = 4 * quad + y % 4;
+                                    sources.push(code_bit(r, 64 * slice + 16 * j + y / 4, bit));
+                                }
+                            }
+                        }
+                    }
                 }
             }
         }
         for k in 0..f.map_words() {
             for r in 0..rows {
-                sources.extend([0, 1].map(|b| r * rb + f.map_word_at(k) + b));
+                sources.extend((0..16).map(|j| bit_of(r * rb + f.map_word_at(k), j)));
             }
         }
         let mut held = vec![false; rb];
@@ -436,7 +483,9 @@ impl Interleaving {
             held[f.map_word_at(k)..][..2].fill(true);
         }
         for r in 0..rows {
-            sources.extend((0..rb).filter(|&b| !held[b]).map(|b| r * rb + b));
+            for b in (0..rb).filter(|&b| !held[b]) {
+                sources.extend((0..8).map(|j| bit_of(r * rb + b, j)));
+            }
         }
         sources
     }
@@ -902,8 +951,12 @@ mod avx512 {
         half_step: usize,
         half_load: __mmask64,
         nibble_pairs: __m512i,
+        /// The pair permutations of byte levels 0..32 and 32..64 (see `pair_permute`).
+        level_pairs: [__m512i; 2],
         code_mask: __m512i,
         table: Option<__m512i>,
+        /// The first 8 entries of the table, repeated over 64 bytes (3-bit bit planes).
+        table8: Option<__m512i>,
         permute: __m512i,
         shifts: __m512i,
         /// Whether the maps are gathered per 16 rows (at most two f16 words per row) rather
@@ -962,11 +1015,15 @@ mod avx512 {
                 half_step,
                 half_load: first_bytes(half_step),
                 nibble_pairs,
+                level_pairs: [pair_permute(|b| b), pair_permute(|b| 32 + b)],
                 code_mask: _mm512_set1_epi8(((1u32 << b) - 1) as i8),
                 table: format.table.map(|t| {
                     let biased: [u8; 16] = std::array::from_fn(|i| (t.levels[i] as u8) ^ 0x80);
                     _mm512_broadcast_i32x4(_mm_loadu_si128(biased.as_ptr() as *const _))
                 }),
+                table8: format
+                    .table
+                    .map(|t| bytes(std::array::from_fn(|i| (t.levels[i % 8] as u8) ^ 0x80))),
                 // Qword k holds the `b` bytes of codes 8k..8k+8; code m sits at bit m·b.
                 permute: bytes(std::array::from_fn(|j| {
                     ((j / 8) * b + (j % 8).min(b - 1)) as u8
@@ -1196,7 +1253,17 @@ mod avx512 {
             decoder: &Decoder,
             block: usize,
             c: usize,
-        ) -> impl Words;
+        ) -> Self::Words;
+        /// The stream words [`Source::words`] gives.
+        type Words: Words;
+        /// Levels of the 32 codes of group `local` of a chunk's words, as
+        /// [`Decoder::cut_group`] gives them.
+        unsafe fn cut<const B: usize>(
+            &self,
+            decoder: &Decoder,
+            words: &Self::Words,
+            local: usize,
+        ) -> [__m512i; 8];
         /// The stream bytes of half `half` of chunk `c` (4-bit codes) of rows `4k..4k + 4`,
         /// one byte of the 4 rows per 32-bit lane: lane `l` of vector `v` holds the half's
         /// byte `16v + l`. Rows past the tile repeat its last row, under zero weights.
@@ -1207,9 +1274,15 @@ mod avx512 {
             c: usize,
             half: usize,
         ) -> [__m512i; 2];
-        /// Where row `i`'s code stream starts (the last row's, past the tile), for
-        /// [`Decoder::byte_levels`].
-        fn stream(&self, decoder: &Decoder, i: usize) -> *const u8;
+        /// The levels of 64-channel slice `half` of rows `4k..4k + 4` (2- and 3-bit codes),
+        /// one channel of the 4 rows per 32-bit lane: lane `l` of vector `j` holds channel
+        /// `16j + l` of the slice. Rows past the tile repeat its last row, under zero weights.
+        unsafe fn level_quad<const B: usize>(
+            &self,
+            decoder: &Decoder,
+            k: usize,
+            half: usize,
+        ) -> [__m512i; 4];
     }
 
     /// The stream words of a chunk of 16 rows ([`Source::words`]).
@@ -1227,7 +1300,7 @@ mod avx512 {
     }
 
     /// Words as an interleaved block holds them, loaded when used.
-    struct Loaded(*const __m512i);
+    pub struct Loaded(*const __m512i);
 
     impl Words for Loaded {
         #[inline(always)]
@@ -1269,7 +1342,7 @@ mod avx512 {
             decoder: &Decoder,
             block: usize,
             c: usize,
-        ) -> impl Words {
+        ) -> Self::Words {
             let streams: [__m512i; 16] =
                 std::array::from_fn(|r| decoder.stream(self.row(block + r), c));
             transpose16(&streams)
@@ -1298,6 +1371,50 @@ mod avx512 {
             ]
         }
 
+        type Words = [__m512i; 16];
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn cut<const B: usize>(
+            &self,
+            decoder: &Decoder,
+            words: &Self::Words,
+            local: usize,
+        ) -> [__m512i; 8] {
+            decoder.cut_group::<B>(words, local)
+        }
+
+        /// Decodes each row's slice to byte levels and interleaves the 4 rows byte-wise.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn level_quad<const B: usize>(
+            &self,
+            decoder: &Decoder,
+            k: usize,
+            half: usize,
+        ) -> [__m512i; 4] {
+            let levels = |i: usize| decoder.byte_levels(self.stream(decoder, 4 * k + i), half);
+            let (r0, r1, r2, r3) = (levels(0), levels(1), levels(2), levels(3));
+            let [lo, hi] = decoder.level_pairs;
+            let (p01a, p01b) = (
+                _mm512_permutex2var_epi8(r0, lo, r1),
+                _mm512_permutex2var_epi8(r0, hi, r1),
+            );
+            let (p23a, p23b) = (
+                _mm512_permutex2var_epi8(r2, lo, r3),
+                _mm512_permutex2var_epi8(r2, hi, r3),
+            );
+            [
+                _mm512_unpacklo_epi16(p01a, p23a),
+                _mm512_unpackhi_epi16(p01a, p23a),
+                _mm512_unpacklo_epi16(p01b, p23b),
+                _mm512_unpackhi_epi16(p01b, p23b),
+            ]
+        }
+    }
+
+    impl Rows<'_> {
+        /// Where row `i`'s code stream starts (the last row's, past the tile).
         fn stream(&self, decoder: &Decoder, i: usize) -> *const u8 {
             self.row(i).wrapping_add(decoder.stream_at)
         }
@@ -1351,9 +1468,62 @@ mod avx512 {
             _decoder: &Decoder,
             block: usize,
             c: usize,
-        ) -> impl Words {
+        ) -> Self::Words {
             // A chunk is 4B words (2B for a tail, whose groups read no further).
             Loaded(self.block(block).add(64 * 4 * B * c) as *const __m512i)
+        }
+
+        type Words = Loaded;
+
+        /// 4-bit codes as [`Decoder::cut_group`] cuts them; narrower ones from their bit
+        /// planes ([`super::Interleaving::bit_sources`]): a shift and a mask for the low bit
+        /// pairs, and for 3 bits a shift and a mask for the high bit.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn cut<const B: usize>(
+            &self,
+            decoder: &Decoder,
+            words: &Self::Words,
+            local: usize,
+        ) -> [__m512i; 8] {
+            if B == 4 {
+                return decoder.cut_group::<4>(words, local);
+            }
+            let plane = |p: usize| words.word(B * local + p);
+            let low = [plane(0), plane(1)];
+            let high = if B == 3 {
+                plane(2)
+            } else {
+                _mm512_setzero_si512()
+            };
+            std::array::from_fn(|k| {
+                let pair = _mm512_srlv_epi32(low[k / 4], _mm512_set1_epi32(2 * (k % 4) as i32));
+                decoder.plane_level::<B>(pair, high, k)
+            })
+        }
+
+        /// The 2- and 3-bit planes of a pair of quads ([`super::Interleaving::bit_sources`]).
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn level_quad<const B: usize>(
+            &self,
+            decoder: &Decoder,
+            k: usize,
+            half: usize,
+        ) -> [__m512i; 4] {
+            let slices = decoder.format.width / 64;
+            let (pair, second) = ((k % (INTERLEAVED_ROWS / 4)) / 2, k % 2);
+            let at = self.block(4 * k).add(64 * B * (pair * slices + half));
+            let low = _mm512_loadu_si512(at.add(64 * second) as *const _);
+            let high = if B == 3 {
+                _mm512_loadu_si512(at.add(128) as *const _)
+            } else {
+                _mm512_setzero_si512()
+            };
+            std::array::from_fn(|j| {
+                let pair = _mm512_srlv_epi32(low, _mm512_set1_epi32(2 * j as i32));
+                decoder.plane_level::<B>(pair, high, 4 * second + j)
+            })
         }
 
         #[inline]
@@ -1373,10 +1543,35 @@ mod avx512 {
                 _mm512_loadu_si512(at.add(1) as *const _),
             ]
         }
+    }
 
-        fn stream(&self, _decoder: &Decoder, i: usize) -> *const u8 {
-            let at = (i % INTERLEAVED_ROWS) * self.layout.stream_bytes();
-            self.block(i).wrapping_add(at)
+    impl Decoder {
+        /// The levels of `B`-bit codes whose low bit pair is bits 0–1 of each byte of `pair`
+        /// and whose high bit (3 bits) is bit `t` of each byte of `high`: for 3 bits, one
+        /// ternary-logic step puts the high plane's bits above the pair and a 64-entry table
+        /// that repeats every 8 entries (or a mask) ignores the rest.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn plane_level<const B: usize>(
+            &self,
+            pair: __m512i,
+            high: __m512i,
+            t: usize,
+        ) -> __m512i {
+            if B == 2 {
+                return self.level(_mm512_and_si512(pair, _mm512_set1_epi8(3)));
+            }
+            let high = if t >= 2 {
+                _mm512_srlv_epi32(high, _mm512_set1_epi32(t as i32 - 2))
+            } else {
+                _mm512_sllv_epi32(high, _mm512_set1_epi32(2 - t as i32))
+            };
+            // Bits 0–1 from the pair, the others from the high plane: `(A & C) | (B & !C)`.
+            let code = _mm512_ternarylogic_epi32::<0xE4>(pair, high, _mm512_set1_epi8(3));
+            match self.table8 {
+                Some(table) => _mm512_permutexvar_epi8(code, table),
+                None => _mm512_and_si512(code, _mm512_set1_epi8(7)),
+            }
         }
     }
 
@@ -1669,7 +1864,7 @@ mod avx512 {
                     } else {
                         [[_mm512_setzero_si512(); H]; 2]
                     };
-                    let levels = decoder.cut_group::<B>(&words, local);
+                    let levels = rows.cut::<B>(decoder, &words, local);
                     for (k, &level) in levels.iter().enumerate() {
                         for (dot, &qh) in chains[k % 2].iter_mut().zip(&q) {
                             let code = *(qh as *const i32).add(8 * g + k);
@@ -1889,16 +2084,30 @@ mod avx512 {
                 (_, 4) => {
                     sums_of_nibbles::<4, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
                 }
+                (1, 3) => {
+                    sums_of_levels::<1, 3, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                (2, 3) => {
+                    sums_of_levels::<2, 3, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                (3, 3) => {
+                    sums_of_levels::<3, 3, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                (_, 3) => {
+                    sums_of_levels::<4, 3, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
                 (1, _) => {
-                    sums_of_levels::<1, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                    sums_of_levels::<1, 2, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
                 }
                 (2, _) => {
-                    sums_of_levels::<2, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                    sums_of_levels::<2, 2, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
                 }
                 (3, _) => {
-                    sums_of_levels::<3, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                    sums_of_levels::<3, 2, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
                 }
-                _ => sums_of_levels::<4, S>(tile, decoder, rows, &rounded, accs, channel, ahead),
+                (_, _) => {
+                    sums_of_levels::<4, 2, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
             }
         }
     }
@@ -2028,7 +2237,7 @@ mod avx512 {
     /// decoded to byte levels and interleaved (one channel of 4 rows per lane).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-    unsafe fn sums_of_levels<const H: usize, S: Source>(
+    unsafe fn sums_of_levels<const H: usize, const B: usize, S: Source>(
         tile: &Tile,
         decoder: &Decoder,
         rows: &S,
@@ -2038,7 +2247,6 @@ mod avx512 {
         ahead: &mut Ahead,
     ) {
         let (w, n) = (decoder.format.width, rows.rows());
-        let (lo, hi) = (pair_permute(|b| b), pair_permute(|b| 32 + b));
         let acc: [*mut f32; H] = std::array::from_fn(|h| accs[h].as_mut_ptr().add(channel));
         for half in 0..w / 64 {
             let mut sums = [[_mm512_setzero_si512(); 4]; H];
@@ -2047,29 +2255,7 @@ mod avx512 {
                 if half == 0 {
                     ahead.rows(4);
                 }
-                let row = |i: usize| rows.stream(decoder, 4 * k + i);
-                let (r0, r1) = (
-                    decoder.byte_levels(row(0), half),
-                    decoder.byte_levels(row(1), half),
-                );
-                let (r2, r3) = (
-                    decoder.byte_levels(row(2), half),
-                    decoder.byte_levels(row(3), half),
-                );
-                let (p01a, p01b) = (
-                    _mm512_permutex2var_epi8(r0, lo, r1),
-                    _mm512_permutex2var_epi8(r0, hi, r1),
-                );
-                let (p23a, p23b) = (
-                    _mm512_permutex2var_epi8(r2, lo, r3),
-                    _mm512_permutex2var_epi8(r2, hi, r3),
-                );
-                let x = [
-                    _mm512_unpacklo_epi16(p01a, p23a),
-                    _mm512_unpackhi_epi16(p01a, p23a),
-                    _mm512_unpacklo_epi16(p01b, p23b),
-                    _mm512_unpackhi_epi16(p01b, p23b),
-                ];
+                let x = rows.level_quad::<B>(decoder, k, half);
                 add_quad(&mut sums, &x, &weights, k);
             }
             for (hh, s) in sums.iter().enumerate() {

@@ -83,14 +83,14 @@ fn blocks_are_their_rows_permuted_and_decode_the_same() {
             Role::Key => KernelOrder::Scores,
             Role::Value => KernelOrder::Sums,
         };
-        let sources = Interleaving::new(format, order).unwrap().sources();
-        // A permutation of the 16 rows' bytes.
+        let sources = Interleaving::new(format, order).unwrap().bit_sources();
+        // A permutation of the 16 rows' bits.
         let mut seen = vec![false; sources.len()];
         for &s in &sources {
-            assert!(!seen[s], "{ctx}: byte {s} of the rows held twice");
-            seen[s] = true;
+            assert!(!seen[s as usize], "{ctx}: bit {s} of the rows held twice");
+            seen[s as usize] = true;
         }
-        assert_eq!(sources.len(), wrapped.block_bytes(), "{ctx}");
+        assert_eq!(sources.len(), 8 * wrapped.block_bytes(), "{ctx}");
         assert_eq!(
             wrapped.bits_per_element(),
             plain.bits_per_element(),
@@ -110,8 +110,9 @@ fn blocks_are_their_rows_permuted_and_decode_the_same() {
             .chunks_exact(wrapped.block_bytes())
             .zip(plain_bytes.chunks_exact(wrapped.block_bytes()))
         {
+            let bit = |bytes: &[u8], i: usize| (bytes[i / 8] >> (i % 8)) & 1;
             for (i, &s) in sources.iter().enumerate() {
-                assert_eq!(block[i], rows_bytes[s], "{ctx}: block byte {i}");
+                assert_eq!(bit(block, i), bit(rows_bytes, s as usize), "{ctx}: bit {i}");
             }
         }
         assert_eq!(written_row_by_row(wrapped.as_ref(), &rows), blocks, "{ctx}");
