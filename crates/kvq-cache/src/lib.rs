@@ -6,10 +6,13 @@
 //!   holding `page_tokens` tokens of K and V for every KV head, encoded by that layer's codecs
 //!   (a [`Policy`] gives each layer its own K and V scheme). The pages live in two arenas
 //!   (keys, values), head-major, so that pages with consecutive ids hold each head's rows back
-//!   to back and attention reads runs of them in one go ([`RowSpan::joined`]).
+//!   to back and attention reads runs of them in one go ([`RowSpan::joined`]). Where the CPU
+//!   runs the integer kernels, 2–4-bit codecs are kept in their interleaved blocks of 16 rows
+//!   ([`pool::cache_codec`]), written a token at a time.
 //! * Each sequence has a block table per layer. The newest tokens (the *hot window*) and the
-//!   first few (*sinks*) stay in 16-bit floats; older tokens are encoded into pages as soon as a
-//!   whole codec block of them has left the hot window.
+//!   first few (*sinks*) stay in 16-bit floats; older tokens are encoded into pages as soon as
+//!   they leave the hot window (a whole block of them for codecs that encode blocks together,
+//!   as KIVI's keys).
 //! * Sliding-window layers release the pages that no future query can see.
 //! * Forking a sequence shares its pages (copy-on-write: a shared page is copied before it is
 //!   written).

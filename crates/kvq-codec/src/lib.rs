@@ -12,7 +12,8 @@
 //! decode at most a few dozen rows at a time into an L1-resident tile and run register-blocked
 //! kernels on it, each row decoded once for the whole group: integer `vpdpbusd` kernels on
 //! 8-bit levels where the codec has a [`levels::LevelFormat`] and the CPU has AVX-512 VNNI
-//! ([`levels`]), float kernels otherwise ([`tile`]).
+//! ([`levels`]), float kernels otherwise ([`tile`]). A cache keeps such codecs in
+//! [`interleaved`] blocks, 16 rows in the order the integer kernels read them.
 //!
 //! Codecs know nothing of models, files or threads: a codec
 //! is built from a [`SchemeKind`] (parsed from the names of design.md §4.1), a head size, a
