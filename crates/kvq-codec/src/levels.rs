@@ -504,25 +504,34 @@ pub fn score_interleaved(
     #[cfg(target_arch = "x86_64")]
     {
         let slots = query_slots(layout.format.width);
-        assert!(queries.iter().all(|q| q.len() >= slots));
-        let slot = |h: usize| queries[h][queries[h].len() - slots..].as_ptr();
         for_each_block_tile(layout, blocks, |first, rows, tile, decoder| {
-            // SAFETY: as in `score_into`.
-            unsafe {
-                avx512::score_tile(
-                    tile,
-                    decoder,
-                    rows,
-                    &slot,
-                    queries.len(),
-                    scores,
-                    first,
-                    ahead,
-                    false,
-                )
-            };
+            let at = (first, &mut *ahead);
+            score_tile(queries, slots, rows, tile, decoder, scores, at, false);
         });
     }
+}
+
+/// Scores one tile of `rows` (from row `first` of the run) against every query (whose i8
+/// slots are its last `slots` values) into `scores[h][first..]`, adding to them if `add`;
+/// prefetches `ahead` as it goes.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn score_tile<S: avx512::Source>(
+    queries: &[&[f32]],
+    slots: usize,
+    rows: &S,
+    tile: &Tile,
+    decoder: &avx512::Decoder,
+    scores: &mut [&mut [f32]],
+    (first, ahead): (usize, &mut Ahead),
+    add: bool,
+) {
+    assert!(queries.iter().all(|q| q.len() >= slots));
+    let slot = |h: usize| queries[h][queries[h].len() - slots..].as_ptr();
+    let heads = queries.len();
+    // SAFETY: the tile's format is supported (`with_scratch`) and its maps decoded, and each
+    // query holds its slots; `score_tile` checks the score rows.
+    unsafe { avx512::score_tile(tile, decoder, rows, &slot, heads, scores, first, ahead, add) };
 }
 
 /// [`accumulate_group`] on a run of interleaved blocks ([`Interleaving`] for
@@ -756,24 +765,10 @@ fn score_into(
     #[cfg(target_arch = "x86_64")]
     {
         let slots = query_slots(format.width) + slots_after;
-        assert!(queries.iter().all(|q| q.len() >= slots));
-        let slot = |h: usize| queries[h][queries[h].len() - slots..].as_ptr();
         for_each_tile(format, blocks, |first, rows, tile, decoder| {
-            // SAFETY: as in `for_each_tile`; each score row holds the tile's rows, and each
-            // query its slots.
-            unsafe {
-                avx512::score_tile(
-                    tile,
-                    decoder,
-                    &avx512::Rows::new(decoder, rows),
-                    &slot,
-                    queries.len(),
-                    scores,
-                    first,
-                    ahead,
-                    add,
-                )
-            };
+            let rows = avx512::Rows::new(decoder, rows);
+            let at = (first, &mut *ahead);
+            score_tile(queries, slots, &rows, tile, decoder, scores, at, add);
         });
     }
 }
