@@ -1694,21 +1694,29 @@ mod avx512 {
         }
     }
 
-    /// The largest lane of each of `v`, in lanes 0–3 (and again in each 128-bit lane).
+    /// The reduction by `op` of each of `v`'s lanes, in lanes 0–3 (and again in each 128-bit
+    /// lane).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-    unsafe fn max4(v: [__m512; 4]) -> __m512 {
-        let pair = |x, y| _mm512_max_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+    unsafe fn reduce4(v: [__m512; 4], op: impl Fn(__m512, __m512) -> __m512) -> __m512 {
+        let pair = |x, y| op(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
         let (a, b) = (
             _mm512_castps_pd(pair(v[0], v[1])),
             _mm512_castps_pd(pair(v[2], v[3])),
         );
-        let c = _mm512_max_ps(
+        let c = op(
             _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
         );
-        let d = _mm512_max_ps(c, _mm512_shuffle_f32x4::<0b01_00_11_10>(c, c));
-        _mm512_max_ps(d, _mm512_shuffle_f32x4::<0b10_11_00_01>(d, d))
+        let d = op(c, _mm512_shuffle_f32x4::<0b01_00_11_10>(c, c));
+        op(d, _mm512_shuffle_f32x4::<0b10_11_00_01>(d, d))
+    }
+
+    /// The largest lane of each of `v`, in lanes 0–3 (and again in each 128-bit lane).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+    unsafe fn max4(v: [__m512; 4]) -> __m512 {
+        reduce4(v, |x, y| _mm512_max_ps(x, y))
     }
 
     /// The sum of each of `v`'s lanes, in lanes 0–3 (and again in each 128-bit lane).
@@ -1727,17 +1735,7 @@ mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     unsafe fn add4_ps(v: [__m512; 4]) -> __m512 {
-        let pair = |x, y| _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
-        let (a, b) = (
-            _mm512_castps_pd(pair(v[0], v[1])),
-            _mm512_castps_pd(pair(v[2], v[3])),
-        );
-        let c = _mm512_add_ps(
-            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
-        );
-        let d = _mm512_add_ps(c, _mm512_shuffle_f32x4::<0b01_00_11_10>(c, c));
-        _mm512_add_ps(d, _mm512_shuffle_f32x4::<0b10_11_00_01>(d, d))
+        reduce4(v, |x, y| _mm512_add_ps(x, y))
     }
 
     /// Transposes 16 rows of 16 i32 lanes: lane `r` of output `j` is lane `j` of input `r`.
