@@ -1840,7 +1840,11 @@ mod avx512 {
                 .map(|g| *q[h].add(w / 4 + QUERY_MAP * g + k))
                 .sum::<f32>()
         };
-        let sums: [[f32; 2]; H] = std::array::from_fn(|h| [query_terms(h, 1), query_terms(h, 2)]);
+        let sums: [[f32; 2]; H] = if one_map {
+            std::array::from_fn(|h| [query_terms(h, 1), query_terms(h, 2)])
+        } else {
+            [[0.0; 2]; H]
+        };
         for block in (0..n).step_by(16) {
             ahead.rows(16);
             let mut acc = [_mm512_setzero_ps(); H];
