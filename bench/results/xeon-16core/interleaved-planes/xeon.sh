@@ -1,0 +1,13 @@
+#!/bin/bash
+nproc; grep -m1 "model name" /proc/cpuinfo; lscpu | grep -i "thread\|core\|socket" | head -4
+for r in 1 2 3; do for t in 8 2; do for b in old new; do
+  echo "$r $t $b $(RAYON_NUM_THREADS=$t .gpubin/kvq-$b bench attention --kv turbo4,q4_0,int4,turbo3,int3,turbo2,int2 --ctx 32768 --iters 10 --json 2>/dev/null | tr -d '\n')" >> $OUT/xeon.txt
+done; done; done
+python3 - $OUT/xeon.txt <<'PY'
+import json,sys
+for l in open(sys.argv[1]):
+    r,t,b,js=l.split(' ',3)
+    try: d=json.loads(js)
+    except Exception as e: print(r,t,b,'bad',js[:200]); continue
+    print(r,t,b,'f16 %.3f'%d[0]['baseline_fastest_ms'],' '.join('%s %.3f (%.2f)'%(x['kv'],x['fastest_ms'],x['fastest_ms']/x['baseline_fastest_ms']) for x in d))
+PY
