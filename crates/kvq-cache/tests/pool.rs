@@ -215,12 +215,20 @@ fn interleaved_blocks_are_written_row_by_row() {
 
 #[test]
 fn forks_share_pages_and_copy_before_writing() {
+    // Rows of their own, and (where the CPU has the integer kernels) interleaved blocks that
+    // the fork shares half written.
+    for (spec, page_tokens) in [("f32", 8), ("q4_0", 32), ("turbo3", 32)] {
+        fork_case(spec, page_tokens);
+    }
+}
+
+fn fork_case(spec: &str, page_tokens: usize) {
     let options = CacheOptions {
-        page_tokens: 8,
+        page_tokens,
         max_append_tokens: 16,
         ..Default::default()
     };
-    let mut c = cache("f32", options, 40, 2);
+    let mut c = cache(spec, options, 40, 2);
     let a = c.add_sequence();
     append(&mut c, a, 12, 1).unwrap();
     let before = decoded(&c.view(a, 1).unwrap());
