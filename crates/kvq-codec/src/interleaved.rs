@@ -20,26 +20,39 @@ thread_local! {
 }
 
 /// `codec` in interleaved blocks laid out for `role`'s kernel, if the integer kernels read
-/// its rows (one row per block, one [`levels::LevelFormat`]); otherwise `codec` itself.
+/// its rows (one row per block, one [`levels::LevelFormat`] or runs of them); otherwise
+/// `codec` itself.
 pub fn interleave(codec: Box<dyn Codec>, role: Role) -> Box<dyn Codec> {
-    let order = match role {
-        Role::Key => KernelOrder::Scores,
-        Role::Value => KernelOrder::Sums,
-    };
-    let layout = codec
-        .level_format()
-        .filter(|_| codec.block_tokens() == 1)
-        .and_then(|format| Interleaving::new(format, order));
-    match layout {
-        Some(layout) => Box::new(Interleaved::new(codec, layout)),
+    match runs(codec.as_ref(), role) {
+        Some(runs) => Box::new(Interleaved::new(codec, runs)),
         None => codec,
     }
 }
 
-/// A codec's rows, [`INTERLEAVED_ROWS`] to a block, in the order of an [`Interleaving`].
+/// How [`interleave`] lays out `codec`'s rows for `role`'s kernel: its level format as one
+/// run from channel 0, or its runs ([`Interleaving::of_runs`]); `None` where it does not.
+pub fn runs(codec: &dyn Codec, role: Role) -> Option<Vec<Interleaving>> {
+    let order = match role {
+        Role::Key => KernelOrder::Scores,
+        Role::Value => KernelOrder::Sums,
+    };
+    let single = codec
+        .level_format()
+        .map(|format| levels::LevelSegment { first: 0, format });
+    let runs = match &single {
+        Some(run) => std::slice::from_ref(run),
+        None => codec.level_segments(),
+    };
+    (codec.block_tokens() == 1 && !runs.is_empty())
+        .then(|| Interleaving::of_runs(runs, order))
+        .flatten()
+}
+
+/// A codec's rows, [`INTERLEAVED_ROWS`] to a block, in the order of its runs' [`Interleaving`]s.
 pub struct Interleaved {
     inner: Box<dyn Codec>,
-    layout: Interleaving,
+    /// The runs of the rows' channels (one for a single level format).
+    runs: Vec<Interleaving>,
     /// Where each byte of a block's rows (row after row) goes in the block.
     targets: Vec<Target>,
 }
@@ -53,11 +66,10 @@ enum Target {
 }
 
 impl Interleaved {
-    /// `inner`'s rows in `layout` (whose format is `inner`'s level format).
-    pub fn new(inner: Box<dyn Codec>, layout: Interleaving) -> Self {
-        assert_eq!(inner.level_format(), Some(layout.format));
-        let mut bit_targets = vec![0u32; 8 * layout.block_bytes()];
-        for (i, source) in layout.bit_sources().into_iter().enumerate() {
+    /// `inner`'s rows in the blocks of `runs` ([`runs`] of `inner`).
+    pub fn new(inner: Box<dyn Codec>, runs: Vec<Interleaving>) -> Self {
+        let mut bit_targets = vec![0u32; 8 * runs[0].block_bytes()];
+        for (i, source) in Interleaving::bit_sources(&runs).into_iter().enumerate() {
             bit_targets[source as usize] = i as u32;
         }
         let targets = bit_targets
@@ -73,7 +85,7 @@ impl Interleaved {
             .collect();
         Self {
             inner,
-            layout,
+            runs,
             targets,
         }
     }
@@ -141,11 +153,11 @@ impl Codec for Interleaved {
     }
 
     fn block_bytes(&self) -> usize {
-        self.layout.block_bytes()
+        self.runs[0].block_bytes()
     }
 
     fn encode(&self, rows: &[f32], out: &mut [u8]) -> Result<(), CodecError> {
-        let (d, row_bytes) = (self.head_dim(), self.layout.format.row_bytes);
+        let (d, row_bytes) = (self.head_dim(), self.runs[0].format.row_bytes);
         // Checked here so that an error names the row of the block.
         check_finite(rows, d)?;
         let mut encoded = vec![0u8; self.block_bytes()];
@@ -160,7 +172,7 @@ impl Codec for Interleaved {
     }
 
     fn decode(&self, block: &[u8], rows: &mut [f32]) {
-        let (d, row_bytes) = (self.head_dim(), self.layout.format.row_bytes);
+        let (d, row_bytes) = (self.head_dim(), self.runs[0].format.row_bytes);
         self.with_rows(block, |bytes| {
             for (row, out) in bytes.chunks_exact(row_bytes).zip(rows.chunks_exact_mut(d)) {
                 self.inner.decode(row, out);
@@ -189,8 +201,8 @@ impl Codec for Interleaved {
         scores: &mut [&mut [f32]],
         ahead: &mut Ahead,
     ) {
-        if levels::available() && self.layout.order == KernelOrder::Scores {
-            levels::score_interleaved(&self.layout, queries, blocks, scores, ahead);
+        if levels::available() && self.runs[0].order == KernelOrder::Scores {
+            levels::score_interleaved(&self.runs, queries, blocks, scores, ahead);
         } else {
             self.with_rows(blocks, |rows| {
                 self.inner.score_group(queries, rows, scores, ahead)
@@ -213,8 +225,8 @@ impl Codec for Interleaved {
         accs: &mut [&mut [f32]],
         ahead: &mut Ahead,
     ) {
-        if levels::available() && self.layout.order == KernelOrder::Sums {
-            levels::accumulate_interleaved(&self.layout, weights, blocks, accs, ahead);
+        if levels::available() && self.runs[0].order == KernelOrder::Sums {
+            levels::accumulate_interleaved(&self.runs, weights, blocks, accs, ahead);
         } else {
             self.with_rows(blocks, |rows| {
                 self.inner.accumulate_group(weights, rows, accs, ahead)
@@ -239,7 +251,7 @@ impl Codec for Interleaved {
     }
 
     fn encode_row(&self, row: &[f32], t: usize, block: &mut [u8]) -> Result<(), CodecError> {
-        let row_bytes = self.layout.format.row_bytes;
+        let row_bytes = self.runs[0].format.row_bytes;
         let mut encoded = vec![0u8; row_bytes];
         self.inner.encode(row, &mut encoded)?;
         self.scatter(&encoded, t * row_bytes, block);

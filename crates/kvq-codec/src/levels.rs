@@ -368,16 +368,63 @@ pub enum KernelOrder {
 /// codes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Interleaving {
-    /// The rows' format.
+    /// The rows' format (of one run of their channels, [`LevelSegment`]).
     pub format: LevelFormat,
+    /// The run's first channel in the codec's working row.
+    pub first: usize,
     /// The kernel the codes are laid out for.
     pub order: KernelOrder,
+    /// Byte of the block where the run's codes begin.
+    pub codes_at: usize,
+    /// Byte of the block where the run's map words begin.
+    pub maps_at: usize,
 }
 
 impl Interleaving {
-    /// The interleaving of `format`'s rows for `order`, if the kernels take the format.
+    /// The interleaving of rows of one `format` for `order`, if the kernels take the format.
     pub fn new(format: LevelFormat, order: KernelOrder) -> Option<Self> {
-        format.supported().then_some(Self { format, order })
+        Self::of_runs(&[LevelSegment { first: 0, format }], order).map(|mut runs| runs.remove(0))
+    }
+
+    /// The interleavings of rows read run by run ([`crate::Codec::level_segments`]), sharing
+    /// one block: the runs' codes one after another, then the map words (those the runs
+    /// share held once). `None` if the kernels do not take a run, or runs share some of their
+    /// map words but not all.
+    pub fn of_runs(runs: &[LevelSegment], order: KernelOrder) -> Option<Vec<Self>> {
+        let rows = INTERLEAVED_ROWS;
+        let words = |f: &LevelFormat| (0..f.map_words()).map(|k| f.map_word_at(k)).collect();
+        let mut maps: Vec<Vec<usize>> = Vec::new();
+        let mut codes_at = 0;
+        let mut placed = Vec::with_capacity(runs.len());
+        for run in runs {
+            let f = run.format;
+            let run_words: Vec<usize> = words(&f);
+            let shares = |w: &Vec<usize>| w.iter().any(|x| run_words.contains(x));
+            if !f.supported() || maps.iter().any(|w| shares(w) && *w != run_words) {
+                return None;
+            }
+            if !maps.contains(&run_words) {
+                maps.push(run_words.clone());
+            }
+            placed.push((run, codes_at, run_words));
+            codes_at += rows * f.stream_bytes();
+        }
+        let mut maps_at = vec![codes_at];
+        for w in &maps {
+            maps_at.push(maps_at[maps_at.len() - 1] + 2 * rows * w.len());
+        }
+        Some(
+            placed
+                .into_iter()
+                .map(|(run, codes_at, w)| Self {
+                    format: run.format,
+                    first: run.first,
+                    order,
+                    codes_at,
+                    maps_at: maps_at[maps.iter().position(|m| *m == w).expect("placed")],
+                })
+                .collect(),
+        )
     }
 
     /// Bytes per block (those of its 16 rows).
@@ -385,19 +432,49 @@ impl Interleaving {
         INTERLEAVED_ROWS * self.format.row_bytes
     }
 
-    /// Bytes of a row's code stream.
+    /// Bytes of a row's code stream (of the run).
     pub fn stream_bytes(&self) -> usize {
         self.format.stream_bytes()
     }
 
-    /// Byte of the block where the map words begin (after the codes).
-    pub fn maps_at(&self) -> usize {
-        INTERLEAVED_ROWS * self.stream_bytes()
+    /// For each bit of a block of `runs` (bit `8i + j` is bit `j` of byte `i`), the bit of
+    /// the 16 rows (row after row, as the codec stores them) that it holds.
+    pub fn bit_sources(runs: &[Interleaving]) -> Vec<u32> {
+        let rows = INTERLEAVED_ROWS;
+        let rb = runs[0].format.row_bytes;
+        let bit_of = |byte: usize, bit: usize| (8 * byte + bit) as u32;
+        let mut sources = Vec::with_capacity(8 * runs[0].block_bytes());
+        for run in runs {
+            run.code_sources(&mut sources);
+        }
+        let mut held = vec![false; rb];
+        let mut words_held = Vec::new();
+        for run in runs {
+            let f = &run.format;
+            for s in 0..f.stream_bytes() {
+                held[f.stream_byte(s)] = true;
+            }
+            if words_held.contains(&run.maps_at) {
+                continue;
+            }
+            words_held.push(run.maps_at);
+            for k in 0..f.map_words() {
+                held[f.map_word_at(k)..][..2].fill(true);
+                for r in 0..rows {
+                    sources.extend((0..16).map(|j| bit_of(r * rb + f.map_word_at(k), j)));
+                }
+            }
+        }
+        for r in 0..rows {
+            for b in (0..rb).filter(|&b| !held[b]) {
+                sources.extend((0..8).map(|j| bit_of(r * rb + b, j)));
+            }
+        }
+        sources
     }
 
-    /// For each bit of a block (bit `8i + j` is bit `j` of byte `i`), the bit of the 16 rows
-    /// (row after row, as the codec stores them) that it holds.
-    pub fn bit_sources(&self) -> Vec<u32> {
+    /// Appends to `sources` the bits of the rows that the run's codes region holds.
+    fn code_sources(&self, sources: &mut Vec<u32>) {
         let (f, rows) = (&self.format, INTERLEAVED_ROWS);
         let (rb, stream, bits) = (f.row_bytes, self.stream_bytes(), f.code_bits() as usize);
         let bit_of = |byte: usize, bit: usize| (8 * byte + bit) as u32;
@@ -408,7 +485,6 @@ impl Interleaving {
         };
         let code_byte =
             |r: usize, s: usize| (0..8).map(move |j| bit_of(r * rb + f.stream_byte(s), j));
-        let mut sources = Vec::with_capacity(8 * self.block_bytes());
         match (self.order, bits) {
             (KernelOrder::Scores, 4) => {
                 for word in 0..stream / 4 {
@@ -470,44 +546,34 @@ impl Interleaving {
                 }
             }
         }
-        for k in 0..f.map_words() {
-            for r in 0..rows {
-                sources.extend((0..16).map(|j| bit_of(r * rb + f.map_word_at(k), j)));
-            }
-        }
-        let mut held = vec![false; rb];
-        for s in 0..stream {
-            held[f.stream_byte(s)] = true;
-        }
-        for k in 0..f.map_words() {
-            held[f.map_word_at(k)..][..2].fill(true);
-        }
-        for r in 0..rows {
-            for b in (0..rb).filter(|&b| !held[b]) {
-                sources.extend((0..8).map(|j| bit_of(r * rb + b, j)));
-            }
-        }
-        sources
     }
 }
 
-/// [`score_group`] on a run of interleaved blocks ([`Interleaving`] for
-/// [`KernelOrder::Scores`]).
+/// [`score_segments`] on a run of interleaved blocks ([`Interleaving::of_runs`] for
+/// [`KernelOrder::Scores`]; one run from channel 0 is [`score_group`]).
 pub fn score_interleaved(
-    layout: &Interleaving,
+    runs: &[Interleaving],
     queries: &[&[f32]],
     blocks: &[u8],
     scores: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
-    assert_eq!(layout.order, KernelOrder::Scores);
     #[cfg(target_arch = "x86_64")]
     {
-        let slots = query_slots(layout.format.width);
-        for_each_block_tile(layout, blocks, |first, rows, tile, decoder| {
-            let at = (first, &mut *ahead);
-            score_tile(queries, slots, rows, tile, decoder, scores, at, false);
+        let formats = runs.iter().map(|r| LevelSegment {
+            first: r.first,
+            format: r.format,
         });
+        let mut after = segment_query_slots(&formats.collect::<Vec<_>>());
+        for (k, run) in runs.iter().enumerate() {
+            assert_eq!(run.order, KernelOrder::Scores);
+            after -= query_slots(run.format.width);
+            let slots = query_slots(run.format.width) + after;
+            for_each_block_tile(run, blocks, |first, rows, tile, decoder| {
+                let at = (first, &mut *ahead);
+                score_tile(queries, slots, rows, tile, decoder, scores, at, k > 0);
+            });
+        }
     }
 }
 
@@ -534,21 +600,26 @@ fn score_tile<S: avx512::Source>(
     unsafe { avx512::score_tile(tile, decoder, rows, &slot, heads, scores, first, ahead, add) };
 }
 
-/// [`accumulate_group`] on a run of interleaved blocks ([`Interleaving`] for
-/// [`KernelOrder::Sums`]).
+/// [`accumulate_segments`] on a run of interleaved blocks ([`Interleaving::of_runs`] for
+/// [`KernelOrder::Sums`]): each run adds into its channels.
 pub fn accumulate_interleaved(
-    layout: &Interleaving,
+    runs: &[Interleaving],
     weights: &[&[f32]],
     blocks: &[u8],
     accs: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
-    assert_eq!(layout.order, KernelOrder::Sums);
-    #[cfg(target_arch = "x86_64")]
-    for_each_block_tile(layout, blocks, |first, rows, tile, decoder| {
-        // SAFETY: as in `accumulate_into`.
-        unsafe { avx512::accumulate_tile(tile, decoder, rows, first, weights, accs, 0, ahead) };
-    });
+    for run in runs {
+        assert_eq!(run.order, KernelOrder::Sums);
+        #[cfg(target_arch = "x86_64")]
+        for_each_block_tile(run, blocks, |first, rows, tile, decoder| {
+            let channel = run.first;
+            // SAFETY: as in `accumulate_into`.
+            unsafe {
+                avx512::accumulate_tile(tile, decoder, rows, first, weights, accs, channel, ahead)
+            };
+        });
+    }
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
@@ -1436,6 +1507,11 @@ mod avx512 {
             self.blocks[i / INTERLEAVED_ROWS * self.layout.block_bytes()..].as_ptr()
         }
 
+        /// The first byte of the run's codes in the block that holds row `i`.
+        fn codes(&self, i: usize) -> *const u8 {
+            self.block(i).wrapping_add(self.layout.codes_at)
+        }
+
         /// The maps of the tile's rows into `tile`, as [`Decoder::decode`] does for rows.
         #[target_feature(
             enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2,f16c"
@@ -1443,7 +1519,7 @@ mod avx512 {
         pub unsafe fn decode_maps(&self, decoder: &Decoder, tile: &mut Tile) {
             assert!(self.rows() <= TILE_ROWS);
             for block in (0..self.rows()).step_by(INTERLEAVED_ROWS) {
-                let maps = self.block(block).add(self.layout.maps_at());
+                let maps = self.block(block).add(self.layout.maps_at);
                 decoder.store_maps(block, tile, |k| {
                     _mm512_cvtph_ps(_mm256_loadu_si256(maps.add(32 * k) as *const _))
                 });
@@ -1465,7 +1541,7 @@ mod avx512 {
             c: usize,
         ) -> Self::Words {
             // A chunk is 4B words (2B for a tail, whose groups read no further).
-            Loaded(self.block(block).add(64 * 4 * B * c) as *const __m512i)
+            Loaded(self.codes(block).add(64 * 4 * B * c) as *const __m512i)
         }
 
         type Words = Loaded;
@@ -1508,7 +1584,7 @@ mod avx512 {
         ) -> [__m512i; 4] {
             let slices = decoder.format.width / 64;
             let (pair, second) = ((k % (INTERLEAVED_ROWS / 4)) / 2, k % 2);
-            let at = self.block(4 * k).add(64 * B * (pair * slices + half));
+            let at = self.codes(4 * k).add(64 * B * (pair * slices + half));
             let low = _mm512_loadu_si512(at.add(64 * second) as *const _);
             let high = if B == 3 {
                 _mm512_loadu_si512(at.add(128) as *const _)
@@ -1532,7 +1608,7 @@ mod avx512 {
         ) -> [__m512i; 2] {
             let halves = self.layout.stream_bytes() / 32;
             let quad = (k % (INTERLEAVED_ROWS / 4)) * halves + 2 * c + half;
-            let at = self.block(4 * k).add(128 * quad) as *const __m512i;
+            let at = self.codes(4 * k).add(128 * quad) as *const __m512i;
             [
                 _mm512_loadu_si512(at as *const _),
                 _mm512_loadu_si512(at.add(1) as *const _),

@@ -2,8 +2,8 @@
 //! in another order, the same values, and the same kernel results, whole blocks or partly
 //! written ones.
 
-use kvq_codec::interleaved::interleave;
-use kvq_codec::levels::{Interleaving, KernelOrder, INTERLEAVED_ROWS};
+use kvq_codec::interleaved::{interleave, runs};
+use kvq_codec::levels::{Interleaving, INTERLEAVED_ROWS};
 use kvq_codec::simd::Ahead;
 use kvq_codec::{build_codec, scheme_names, Calibration, Codec, Role, SchemeKind};
 use rand::{Rng, SeedableRng};
@@ -23,8 +23,9 @@ fn wrapped_codecs() -> Vec<Wrapped> {
                     continue;
                 };
                 let wrapped = interleave(inner, role);
-                let expected = plain.block_tokens() == 1
-                    && plain.level_format().is_some_and(|f| f.supported());
+                let levels = plain.level_format().is_some_and(|f| f.supported())
+                    || !plain.level_segments().is_empty();
+                let expected = plain.block_tokens() == 1 && levels;
                 assert_eq!(
                     wrapped.block_tokens() == INTERLEAVED_ROWS,
                     expected,
@@ -78,12 +79,7 @@ fn blocks_are_their_rows_permuted_and_decode_the_same() {
     for (name, role, plain, wrapped) in wrapped_codecs() {
         let d = plain.head_dim();
         let ctx = format!("{name} d{d} {role:?}");
-        let format = plain.level_format().unwrap();
-        let order = match role {
-            Role::Key => KernelOrder::Scores,
-            Role::Value => KernelOrder::Sums,
-        };
-        let sources = Interleaving::new(format, order).unwrap().bit_sources();
+        let sources = Interleaving::bit_sources(&runs(plain.as_ref(), role).unwrap());
         // A permutation of the 16 rows' bits.
         let mut seen = vec![false; sources.len()];
         for &s in &sources {
