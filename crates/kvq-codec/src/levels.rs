@@ -361,9 +361,9 @@ pub enum KernelOrder {
 
 /// Blocks of [`INTERLEAVED_ROWS`] rows of a [`LevelFormat`] whose bytes are in the order the
 /// integer kernels read them, so that they load their vectors as they lie instead of
-/// transposing and interleaving rows (`crate::interleaved`): the codes in the
-/// [`KernelOrder`], then each map word of the 16 rows together (16 f16 values), then the
-/// rows' other bytes, row after row. The block is a permutation of the 16 rows' bits
+/// transposing and interleaving rows (`crate::interleaved`): each map word of the 16 rows
+/// together (16 f16 values), then the codes in the [`KernelOrder`], then the rows' other
+/// bytes, row after row. The block is a permutation of the 16 rows' bits
 /// ([`Interleaving::bit_sources`]), of whole bytes but for the bit planes of 2- and 3-bit
 /// codes.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -394,37 +394,38 @@ impl Interleaving {
         let rows = INTERLEAVED_ROWS;
         let words = |f: &LevelFormat| (0..f.map_words()).map(|k| f.map_word_at(k)).collect();
         let mut maps: Vec<Vec<usize>> = Vec::new();
-        let mut codes_at = 0;
-        let mut placed = Vec::with_capacity(runs.len());
         for run in runs {
-            let f = run.format;
-            let run_words: Vec<usize> = words(&f);
+            let run_words: Vec<usize> = words(&run.format);
             let shares = |w: &Vec<usize>| w.iter().any(|x| run_words.contains(x));
-            if !f.supported() || maps.iter().any(|w| shares(w) && *w != run_words) {
+            if !run.format.supported() || maps.iter().any(|w| shares(w) && *w != run_words) {
                 return None;
             }
             if !maps.contains(&run_words) {
-                maps.push(run_words.clone());
+                maps.push(run_words);
             }
-            placed.push((run, codes_at, run_words));
-            codes_at += rows * f.stream_bytes();
         }
-        let mut maps_at = vec![codes_at];
+        // The maps first: the kernels read them before a tile's codes.
+        let mut maps_at = vec![0];
         for w in &maps {
             maps_at.push(maps_at[maps_at.len() - 1] + 2 * rows * w.len());
         }
-        Some(
-            placed
-                .into_iter()
-                .map(|(run, codes_at, w)| Self {
-                    format: run.format,
-                    first: run.first,
-                    order,
-                    codes_at,
-                    maps_at: maps_at[maps.iter().position(|m| *m == w).expect("placed")],
-                })
-                .collect(),
-        )
+        let mut codes_at = maps_at[maps.len()];
+        let mut placed = Vec::with_capacity(runs.len());
+        for run in runs {
+            let map = maps
+                .iter()
+                .position(|m| *m == words(&run.format))
+                .expect("held");
+            placed.push(Self {
+                format: run.format,
+                first: run.first,
+                order,
+                codes_at,
+                maps_at: maps_at[map],
+            });
+            codes_at += rows * run.format.stream_bytes();
+        }
+        Some(placed)
     }
 
     /// Bytes per block (those of its 16 rows).
@@ -444,16 +445,10 @@ impl Interleaving {
         let rb = runs[0].format.row_bytes;
         let bit_of = |byte: usize, bit: usize| (8 * byte + bit) as u32;
         let mut sources = Vec::with_capacity(8 * runs[0].block_bytes());
-        for run in runs {
-            run.code_sources(&mut sources);
-        }
         let mut held = vec![false; rb];
         let mut words_held = Vec::new();
         for run in runs {
             let f = &run.format;
-            for s in 0..f.stream_bytes() {
-                held[f.stream_byte(s)] = true;
-            }
             if words_held.contains(&run.maps_at) {
                 continue;
             }
@@ -463,6 +458,12 @@ impl Interleaving {
                 for r in 0..rows {
                     sources.extend((0..16).map(|j| bit_of(r * rb + f.map_word_at(k), j)));
                 }
+            }
+        }
+        for run in runs {
+            run.code_sources(&mut sources);
+            for s in 0..run.format.stream_bytes() {
+                held[run.format.stream_byte(s)] = true;
             }
         }
         for r in 0..rows {
