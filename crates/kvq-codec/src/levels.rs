@@ -387,8 +387,8 @@ impl Interleaving {
     }
 
     /// The interleavings of rows read run by run ([`crate::Codec::level_segments`]), sharing
-    /// one block: the runs' codes one after another, then the map words (those the runs
-    /// share held once). `None` if the kernels do not take a run, or runs share some of their
+    /// one block: the map words (those the runs share held once), then the runs' codes one
+    /// after another. `None` if the kernels do not take a run, or runs share some of their
     /// map words but not all.
     pub fn of_runs(runs: &[LevelSegment], order: KernelOrder) -> Option<Vec<Self>> {
         let rows = INTERLEAVED_ROWS;
