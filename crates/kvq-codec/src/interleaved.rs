@@ -4,10 +4,10 @@
 //! time rearranging rows: the score kernel transposes 16 rows' code streams as 32-bit words,
 //! the sums interleave 4 rows byte-wise, and both gather each row's scales. [`interleave`]
 //! wraps a codec whose rows those kernels read in an [`Interleaved`] codec that stores
-//! [`INTERLEAVED_ROWS`] of its rows as one block, with the bytes permuted into the order the
-//! kernel of the role reads ([`Interleaving`]): keys for the scores, values for the sums. The
-//! rows' bytes, their values and the kernels' results are those of the wrapped codec; only
-//! their order in memory changes. Rows are still encoded one at a time
+//! [`INTERLEAVED_ROWS`] of its rows as one block, their bits permuted into the order the
+//! kernel of the role reads ([`Interleaving`]): keys for the scores, values for the sums (whole
+//! bytes, but for the bit planes of 2- and 3-bit codes). The rows' bits, their values and the
+//! kernels' results are those of the wrapped codec; only their order in memory changes. Rows are still encoded one at a time
 //! ([`Codec::encode_row`]), so a cache writes each token into its block as it comes.
 
 use crate::levels::{self, Interleaving, KernelOrder, INTERLEAVED_ROWS};
@@ -91,7 +91,7 @@ impl Interleaved {
     }
 
     /// The rows of a run of blocks in the wrapped codec's order.
-    pub fn rows_of(&self, blocks: &[u8], rows: &mut [u8]) {
+    fn rows_of(&self, blocks: &[u8], rows: &mut [u8]) {
         let block_bytes = self.block_bytes();
         assert_eq!(rows.len(), blocks.len());
         for (block, out) in blocks
