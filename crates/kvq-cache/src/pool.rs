@@ -256,11 +256,8 @@ impl LayerView<'_> {
             (self.full_codec, self.full_codec)
         };
         let decode = |codec: &dyn Codec, bytes: &[u8]| {
-            let mut out =
-                vec![
-                    0f32;
-                    bytes.len() / codec.block_bytes() * codec.block_tokens() * self.head_dim
-                ];
+            let rows = bytes.len() / codec.block_bytes() * codec.block_tokens();
+            let mut out = vec![0f32; rows * self.head_dim];
             for (block, dst) in bytes
                 .chunks_exact(codec.block_bytes())
                 .zip(out.chunks_exact_mut(codec.block_tokens() * self.head_dim))
@@ -283,8 +280,11 @@ pub struct LayerPool {
     k_codec: Box<dyn Codec>,
     v_codec: Box<dyn Codec>,
     full_codec: FloatCodec,
-    /// Tokens encoded together (a multiple of both codecs' block sizes).
+    /// Tokens encoded together: whole blocks of codecs that encode blocks together, 1 where
+    /// both write rows one by one ([`write_tokens`]).
     flush_tokens: usize,
+    /// Rows the codecs keep together (a multiple of both codecs' block sizes).
+    block_tokens: usize,
     page_tokens: usize,
     k_head_bytes: usize,
     v_head_bytes: usize,
@@ -418,6 +418,7 @@ impl KvCache {
             v_codec,
             full_codec: FloatCodec::new(full_format, shape.head_dim),
             flush_tokens,
+            block_tokens,
             page_tokens: options.page_tokens,
             keys: Vec::new(),
             values: Vec::new(),
@@ -622,9 +623,8 @@ impl KvCache {
             spans.push(RowSpan::full(&sl.sink_k, &sl.sink_v, 0, sinks, row));
         }
         // The blocks of both codecs that hold the rows: the last may be partly written.
-        let block_tokens = lcm(pool.k_codec.block_tokens(), pool.v_codec.block_tokens());
         let rows_bytes = |c: &dyn Codec, tokens: usize| {
-            tokens.next_multiple_of(block_tokens) / c.block_tokens() * c.block_bytes()
+            tokens.next_multiple_of(pool.block_tokens) / c.block_tokens() * c.block_bytes()
         };
         for (i, &p) in sl.pages.iter().enumerate() {
             let first = (sl.first_page + i) * pool.page_tokens;
@@ -658,7 +658,7 @@ impl KvCache {
             kv_heads: heads,
             head_dim: pool.shape.head_dim,
             len: sl.len,
-            block_tokens,
+            block_tokens: pool.block_tokens,
             spans,
         })
     }
