@@ -220,7 +220,7 @@ impl LevelFormat {
             && m.channels.is_multiple_of(GROUP)
             && m.channels > 0
             && self.width.is_multiple_of(m.channels)
-            && maps * (1 + usize::from(m.min_at.is_some())) <= MAP_WORDS
+            && self.map_words() <= MAP_WORDS
             && words_fit(m.scale_at)
             && m.min_at.is_none_or(words_fit)
             && codes_fit
@@ -381,11 +381,6 @@ pub struct Interleaving {
 }
 
 impl Interleaving {
-    /// The interleaving of rows of one `format` for `order`, if the kernels take the format.
-    pub fn new(format: LevelFormat, order: KernelOrder) -> Option<Self> {
-        Self::of_runs(&[LevelSegment { first: 0, format }], order).map(|mut runs| runs.remove(0))
-    }
-
     /// The interleavings of rows read run by run ([`crate::Codec::level_segments`]), sharing
     /// one block: the map words (those the runs share held once), then the runs' codes one
     /// after another. `None` if the kernels do not take a run, or runs share some of their
@@ -1771,48 +1766,47 @@ mod avx512 {
         }
     }
 
-    /// The reduction by `op` of each of `v`'s lanes, in lanes 0–3 (and again in each 128-bit
-    /// lane).
+    /// The reduction by `op` of each of `v`'s 32-bit lanes, in lanes 0–3 (and again in each
+    /// 128-bit lane).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-    unsafe fn reduce4(v: [__m512; 4], op: impl Fn(__m512, __m512) -> __m512) -> __m512 {
-        let pair = |x, y| op(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
-        let (a, b) = (
-            _mm512_castps_pd(pair(v[0], v[1])),
-            _mm512_castps_pd(pair(v[2], v[3])),
-        );
-        let c = op(
-            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
-        );
-        let d = op(c, _mm512_shuffle_f32x4::<0b01_00_11_10>(c, c));
-        op(d, _mm512_shuffle_f32x4::<0b10_11_00_01>(d, d))
+    unsafe fn reduce4(v: [__m512i; 4], op: impl Fn(__m512i, __m512i) -> __m512i) -> __m512i {
+        let pair = |x, y| op(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y));
+        let (a, b) = (pair(v[0], v[1]), pair(v[2], v[3]));
+        let c = op(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+        let d = op(c, _mm512_shuffle_i32x4::<0b01_00_11_10>(c, c));
+        op(d, _mm512_shuffle_i32x4::<0b10_11_00_01>(d, d))
+    }
+
+    /// [`reduce4`] of float lanes by `op`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+    unsafe fn reduce4_ps(v: [__m512; 4], op: impl Fn(__m512, __m512) -> __m512) -> __m512 {
+        let bits = |x: __m512i, y: __m512i| {
+            _mm512_castps_si512(op(_mm512_castsi512_ps(x), _mm512_castsi512_ps(y)))
+        };
+        _mm512_castsi512_ps(reduce4(v.map(|x| _mm512_castps_si512(x)), bits))
     }
 
     /// The largest lane of each of `v`, in lanes 0–3 (and again in each 128-bit lane).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     unsafe fn max4(v: [__m512; 4]) -> __m512 {
-        reduce4(v, |x, y| _mm512_max_ps(x, y))
+        reduce4_ps(v, |x, y| _mm512_max_ps(x, y))
     }
 
     /// The sum of each of `v`'s lanes, in lanes 0–3 (and again in each 128-bit lane).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     unsafe fn add4(v: [__m512i; 4]) -> __m512i {
-        let pair =
-            |x, y| _mm512_add_epi32(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y));
-        let (a, b) = (pair(v[0], v[1]), pair(v[2], v[3]));
-        let c = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
-        let d = _mm512_add_epi32(c, _mm512_shuffle_i32x4::<0b01_00_11_10>(c, c));
-        _mm512_add_epi32(d, _mm512_shuffle_i32x4::<0b10_11_00_01>(d, d))
+        reduce4(v, |x, y| _mm512_add_epi32(x, y))
     }
 
     /// [`add4`] for floats.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     unsafe fn add4_ps(v: [__m512; 4]) -> __m512 {
-        reduce4(v, |x, y| _mm512_add_ps(x, y))
+        reduce4_ps(v, |x, y| _mm512_add_ps(x, y))
     }
 
     /// Transposes 16 rows of 16 i32 lanes: lane `r` of output `j` is lane `j` of input `r`.
