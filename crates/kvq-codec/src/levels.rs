@@ -264,11 +264,21 @@ pub fn score_segments(
     scores: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
-    let mut after = segment_query_slots(segments);
-    for (k, s) in segments.iter().enumerate() {
-        after -= query_slots(s.format.width);
-        score_into(&s.format, after, queries, blocks, scores, ahead, k > 0);
+    let slots = run_slots(segments.iter().map(|s| s.format.width));
+    for (k, (s, slots)) in segments.iter().zip(slots).enumerate() {
+        score_into(&s.format, slots, queries, blocks, scores, ahead, k > 0);
     }
+}
+
+/// For runs of `widths` channels, the query slots each reads from the end of a prepared query:
+/// its own ([`query_slots`]) and those of the runs after it ([`finish_segment_query`]'s order).
+fn run_slots(widths: impl Iterator<Item = usize> + Clone) -> impl Iterator<Item = usize> {
+    let mut left: usize = widths.clone().map(query_slots).sum();
+    widths.map(move |width| {
+        let slots = left;
+        left -= query_slots(width);
+        slots
+    })
 }
 
 /// [`crate::Codec::accumulate_group`] over segments: each run adds into its channels. One
@@ -556,15 +566,9 @@ pub fn score_interleaved(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        let formats = runs.iter().map(|r| LevelSegment {
-            first: r.first,
-            format: r.format,
-        });
-        let mut after = segment_query_slots(&formats.collect::<Vec<_>>());
-        for (k, run) in runs.iter().enumerate() {
+        let slots = run_slots(runs.iter().map(|r| r.format.width));
+        for (k, (run, slots)) in runs.iter().zip(slots).enumerate() {
             assert_eq!(run.order, KernelOrder::Scores);
-            after -= query_slots(run.format.width);
-            let slots = query_slots(run.format.width) + after;
             for_each_block_tile(run, blocks, |first, rows, tile, decoder| {
                 let at = (first, &mut *ahead);
                 score_tile(queries, slots, rows, tile, decoder, scores, at, k > 0);
@@ -815,14 +819,22 @@ pub fn score_group(
     scores: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
-    score_into(format, 0, queries, blocks, scores, ahead, false);
+    score_into(
+        format,
+        query_slots(format.width),
+        queries,
+        blocks,
+        scores,
+        ahead,
+        false,
+    );
 }
 
-/// [`score_group`] with the format's slots followed by `slots_after` more at the end of each
-/// query, adding to `scores` if `add`.
+/// [`score_group`] for queries whose format's slots begin `slots` values before their end,
+/// adding to `scores` if `add`.
 fn score_into(
     format: &LevelFormat,
-    slots_after: usize,
+    slots: usize,
     queries: &[&[f32]],
     blocks: &[u8],
     scores: &mut [&mut [f32]],
@@ -831,7 +843,6 @@ fn score_into(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        let slots = query_slots(format.width) + slots_after;
         for_each_tile(format, blocks, |first, rows, tile, decoder| {
             let rows = avx512::Rows::new(decoder, rows);
             let at = (first, &mut *ahead);
