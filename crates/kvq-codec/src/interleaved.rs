@@ -6,11 +6,14 @@
 //! wraps a codec whose rows those kernels read in an [`Interleaved`] codec that stores
 //! [`INTERLEAVED_ROWS`] of its rows as one block, their bits permuted into the order the
 //! kernel of the role reads ([`Interleaving`]): keys for the scores, values for the sums (whole
-//! bytes, but for the bit planes of 2- and 3-bit codes). The rows' bits, their values and the
-//! kernels' results are those of the wrapped codec; only their order in memory changes. Rows are still encoded one at a time
-//! ([`Codec::encode_row`]), so a cache writes each token into its block as it comes.
+//! bytes, but for the bit planes of 2- and 3-bit codes). Keys in per-channel blocks (KIVI's,
+//! [`ChannelBlocks`]) keep their blocks and maps; their rows are interleaved 16 at a time for
+//! the score kernel. The rows' bits, their values and the kernels' results are those of the
+//! wrapped codec; only their order in memory changes. Rows of one-row codecs are still
+//! encoded one at a time ([`Codec::encode_row`]), so a cache writes each token into its block
+//! as it comes.
 
-use crate::levels::{self, Interleaving, KernelOrder, INTERLEAVED_ROWS};
+use crate::levels::{self, ChannelBlocks, Interleaving, KernelOrder, INTERLEAVED_ROWS};
 use crate::{check_finite, simd::Ahead, Codec, CodecError, Role};
 use std::cell::RefCell;
 
@@ -20,40 +23,69 @@ thread_local! {
 }
 
 /// `codec` in interleaved blocks laid out for `role`'s kernel, if the integer kernels read
-/// its rows (one row per block, one [`levels::LevelFormat`] or runs of them); otherwise
-/// `codec` itself.
+/// its blocks ([`Layout::of`]); otherwise `codec` itself.
 pub fn interleave(codec: Box<dyn Codec>, role: Role) -> Box<dyn Codec> {
-    match runs(codec.as_ref(), role) {
-        Some(runs) => Box::new(Interleaved::new(codec, runs)),
+    match Layout::of(codec.as_ref(), role) {
+        Some(layout) => Box::new(Interleaved::new(codec, layout)),
         None => codec,
     }
 }
 
-/// How [`interleave`] lays out `codec`'s rows for `role`'s kernel: its level format as one
-/// run from channel 0, or its runs ([`Interleaving::of_runs`]); `None` where it does not.
-pub fn runs(codec: &dyn Codec, role: Role) -> Option<Vec<Interleaving>> {
-    let order = match role {
-        Role::Key => KernelOrder::Scores,
-        Role::Value => KernelOrder::Sums,
-    };
-    let single = codec
-        .level_format()
-        .map(|format| levels::LevelSegment { first: 0, format });
-    let runs = match &single {
-        Some(run) => std::slice::from_ref(run),
-        None => codec.level_segments(),
-    };
-    (codec.block_tokens() == 1 && !runs.is_empty())
-        .then(|| Interleaving::of_runs(runs, order))
-        .flatten()
+/// How [`interleave`] lays out a codec's blocks for a role's kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Layout {
+    /// One-row blocks, [`INTERLEAVED_ROWS`] to a block in the order of their runs'
+    /// [`Interleaving`]s (one for a single level format).
+    Rows(Vec<Interleaving>),
+    /// Keys in per-channel blocks: the maps in place, the rows interleaved 16 at a time
+    /// (`interleaved` set).
+    ChannelBlocks(ChannelBlocks),
 }
 
-/// A codec's rows, [`INTERLEAVED_ROWS`] to a block, in the order of its runs' [`Interleaving`]s.
+impl Layout {
+    /// The layout of `codec`'s blocks for `role`'s kernel: one-row blocks with a level format
+    /// (one run from channel 0) or runs of them ([`Interleaving::of_runs`]), and keys in
+    /// per-channel blocks of whole 16 rows; `None` for the others.
+    pub fn of(codec: &dyn Codec, role: Role) -> Option<Self> {
+        let order = match role {
+            Role::Key => KernelOrder::Scores,
+            Role::Value => KernelOrder::Sums,
+        };
+        let single = codec
+            .level_format()
+            .map(|format| levels::LevelSegment { first: 0, format });
+        let runs = match &single {
+            Some(run) => std::slice::from_ref(run),
+            None => codec.level_segments(),
+        };
+        if codec.block_tokens() == 1 && !runs.is_empty() {
+            return Interleaving::of_runs(runs, order).map(Self::Rows);
+        }
+        let channel = codec.channel_blocks().map(|b| ChannelBlocks {
+            interleaved: true,
+            ..b
+        });
+        channel
+            .filter(|b| role == Role::Key && b.supported())
+            .map(Self::ChannelBlocks)
+    }
+
+    /// For each bit of a block (bit `8i + j` is bit `j` of byte `i`), the bit of the wrapped
+    /// codec's blocks (one after another) that it holds.
+    pub fn bit_sources(&self) -> Vec<u32> {
+        match self {
+            Self::Rows(runs) => Interleaving::bit_sources(runs),
+            Self::ChannelBlocks(blocks) => blocks.bit_sources(),
+        }
+    }
+}
+
+/// A codec's blocks in a [`Layout`]: its rows, [`INTERLEAVED_ROWS`] to a block, in the order
+/// of their runs' [`Interleaving`]s, or its per-channel key blocks with interleaved rows.
 pub struct Interleaved {
     inner: Box<dyn Codec>,
-    /// The runs of the rows' channels (one for a single level format).
-    runs: Vec<Interleaving>,
-    /// Where each byte of a block's rows (row after row) goes in the block.
+    layout: Layout,
+    /// Where each byte of the wrapped codec's blocks goes in a block.
     targets: Vec<Target>,
 }
 
@@ -66,10 +98,11 @@ enum Target {
 }
 
 impl Interleaved {
-    /// `inner`'s rows in the blocks of `runs` ([`runs`] of `inner`).
-    pub fn new(inner: Box<dyn Codec>, runs: Vec<Interleaving>) -> Self {
-        let mut bit_targets = vec![0u32; 8 * runs[0].block_bytes()];
-        for (i, source) in Interleaving::bit_sources(&runs).into_iter().enumerate() {
+    /// `inner`'s blocks in `layout` ([`Layout::of`] `inner`).
+    pub fn new(inner: Box<dyn Codec>, layout: Layout) -> Self {
+        let sources = layout.bit_sources();
+        let mut bit_targets = vec![0u32; sources.len()];
+        for (i, source) in sources.into_iter().enumerate() {
             bit_targets[source as usize] = i as u32;
         }
         let targets = bit_targets
@@ -85,9 +118,14 @@ impl Interleaved {
             .collect();
         Self {
             inner,
-            runs,
+            layout,
             targets,
         }
+    }
+
+    /// The wrapped codec's blocks that one block holds.
+    fn inner_blocks(&self) -> usize {
+        self.block_tokens() / self.inner.block_tokens()
     }
 
     /// The rows of a run of blocks in the wrapped codec's order.
@@ -149,33 +187,39 @@ impl Codec for Interleaved {
     }
 
     fn block_tokens(&self) -> usize {
-        INTERLEAVED_ROWS
+        match &self.layout {
+            Layout::Rows(_) => INTERLEAVED_ROWS,
+            Layout::ChannelBlocks(blocks) => blocks.tokens,
+        }
     }
 
     fn block_bytes(&self) -> usize {
-        self.runs[0].block_bytes()
+        self.inner_blocks() * self.inner.block_bytes()
     }
 
     fn encode(&self, rows: &[f32], out: &mut [u8]) -> Result<(), CodecError> {
-        let (d, row_bytes) = (self.head_dim(), self.runs[0].format.row_bytes);
+        let d = self.head_dim();
         // Checked here so that an error names the row of the block.
         check_finite(rows, d)?;
         let mut encoded = vec![0u8; self.block_bytes()];
-        for (row, bytes) in rows
-            .chunks_exact(d)
-            .zip(encoded.chunks_exact_mut(row_bytes))
+        for (block_rows, bytes) in rows
+            .chunks_exact(self.inner.block_tokens() * d)
+            .zip(encoded.chunks_exact_mut(self.inner.block_bytes()))
         {
-            self.inner.encode(row, bytes)?;
+            self.inner.encode(block_rows, bytes)?;
         }
         self.scatter(&encoded, 0, out);
         Ok(())
     }
 
     fn decode(&self, block: &[u8], rows: &mut [f32]) {
-        let (d, row_bytes) = (self.head_dim(), self.runs[0].format.row_bytes);
+        let d = self.head_dim();
         self.with_rows(block, |bytes| {
-            for (row, out) in bytes.chunks_exact(row_bytes).zip(rows.chunks_exact_mut(d)) {
-                self.inner.decode(row, out);
+            for (inner_block, out) in bytes
+                .chunks_exact(self.inner.block_bytes())
+                .zip(rows.chunks_exact_mut(self.inner.block_tokens() * d))
+            {
+                self.inner.decode(inner_block, out);
             }
         });
     }
@@ -201,12 +245,23 @@ impl Codec for Interleaved {
         scores: &mut [&mut [f32]],
         ahead: &mut Ahead,
     ) {
-        if levels::available() && self.runs[0].order == KernelOrder::Scores {
-            levels::score_interleaved(&self.runs, queries, blocks, scores, ahead);
-        } else {
-            self.with_rows(blocks, |rows| {
+        match &self.layout {
+            Layout::Rows(runs) if levels::available() && runs[0].order == KernelOrder::Scores => {
+                levels::score_interleaved(runs, queries, blocks, scores, ahead);
+            }
+            Layout::ChannelBlocks(layout) if levels::available() => {
+                levels::score_channel_blocks(layout, queries, blocks, scores, ahead);
+            }
+            _ => self.with_rows(blocks, |rows| {
                 self.inner.score_group(queries, rows, scores, ahead)
-            });
+            }),
+        }
+    }
+
+    fn channel_blocks(&self) -> Option<ChannelBlocks> {
+        match &self.layout {
+            Layout::ChannelBlocks(layout) => Some(*layout),
+            Layout::Rows(_) => None,
         }
     }
 
@@ -225,12 +280,13 @@ impl Codec for Interleaved {
         accs: &mut [&mut [f32]],
         ahead: &mut Ahead,
     ) {
-        if levels::available() && self.runs[0].order == KernelOrder::Sums {
-            levels::accumulate_interleaved(&self.runs, weights, blocks, accs, ahead);
-        } else {
-            self.with_rows(blocks, |rows| {
+        match &self.layout {
+            Layout::Rows(runs) if levels::available() && runs[0].order == KernelOrder::Sums => {
+                levels::accumulate_interleaved(runs, weights, blocks, accs, ahead);
+            }
+            _ => self.with_rows(blocks, |rows| {
                 self.inner.accumulate_group(weights, rows, accs, ahead)
-            });
+            }),
         }
     }
 
@@ -247,11 +303,12 @@ impl Codec for Interleaved {
     }
 
     fn writes_rows(&self) -> bool {
-        true
+        matches!(self.layout, Layout::Rows(_))
     }
 
     fn encode_row(&self, row: &[f32], t: usize, block: &mut [u8]) -> Result<(), CodecError> {
-        let row_bytes = self.runs[0].format.row_bytes;
+        assert!(self.writes_rows(), "{} encodes whole blocks", self.name());
+        let row_bytes = self.inner.block_bytes();
         let mut encoded = vec![0u8; row_bytes];
         self.inner.encode(row, &mut encoded)?;
         self.scatter(&encoded, t * row_bytes, block);

@@ -311,6 +311,9 @@ pub struct ChannelBlocks {
     pub bits: u32,
     /// Rows per block.
     pub tokens: usize,
+    /// Whether the rows lie [`INTERLEAVED_ROWS`] at a time in the score kernel's order
+    /// ([`ChannelBlocks::interleaving`]; `crate::interleaved`) rather than row after row.
+    pub interleaved: bool,
 }
 
 impl ChannelBlocks {
@@ -346,9 +349,39 @@ impl ChannelBlocks {
     }
 
     /// Whether the kernels take these blocks: 2- to 4-bit codes in rows the score kernel
-    /// reads ([`LevelFormat::supported`]).
+    /// reads ([`LevelFormat::supported`]), whole interleaved blocks of rows if interleaved.
     pub fn supported(&self) -> bool {
-        matches!(self.bits, 2..=4) && self.tokens > 0 && self.rows().supported()
+        matches!(self.bits, 2..=4)
+            && self.tokens > 0
+            && self.rows().supported()
+            && (!self.interleaved || self.tokens.is_multiple_of(INTERLEAVED_ROWS))
+    }
+
+    /// How each [`INTERLEAVED_ROWS`] rows of an interleaved block lie: the rows' codes in the
+    /// score kernel's order, nothing else (their maps are the block's).
+    pub fn interleaving(&self) -> Interleaving {
+        Interleaving {
+            format: self.rows(),
+            first: 0,
+            order: KernelOrder::Scores,
+            codes_at: 0,
+            maps_at: 0,
+        }
+    }
+
+    /// For each bit of an interleaved block, the bit of the block row after row that it
+    /// holds: the maps in place, then each 16 rows' codes as [`Interleaving::bit_sources`]
+    /// lays them out.
+    pub fn bit_sources(&self) -> Vec<u32> {
+        let header_bits = 8 * self.header_bytes() as u32;
+        let rows_bits = 8 * self.interleaving().block_bytes() as u32;
+        let mut rows = Vec::new();
+        self.interleaving().code_sources(&mut rows);
+        let mut sources: Vec<u32> = (0..header_bits).collect();
+        for b in 0..(self.tokens / INTERLEAVED_ROWS) as u32 {
+            sources.extend(rows.iter().map(|s| header_bits + b * rows_bits + s));
+        }
+        sources
     }
 }
 
@@ -871,6 +904,7 @@ pub fn score_channel_blocks(
             .all(|s| s.len() * layout.block_bytes() >= blocks.len() * layout.tokens));
         // The byte of each group's i8 query that holds each channel.
         let order: [u8; GROUP] = std::array::from_fn(|i| rows_format.query_channel(i) as u8);
+        let interleaving = layout.interleaving();
         with_scratch(&rows_format, |tile, decoder, block_queries| {
             tile.scales.fill(1.0);
             // Each head's i8 query slots, then each head's bias.
@@ -893,20 +927,21 @@ pub fn score_channel_blocks(
                 let slot = |h: usize| prepared[h * slots..].as_ptr();
                 for (i, tile_rows) in rows.chunks(TILE_ROWS * rows_format.row_bytes).enumerate() {
                     let first = b * layout.tokens + i * TILE_ROWS;
-                    // SAFETY: as in `score_group`, with the row scales set to 1.
+                    // SAFETY: as in `score_group`, with the row scales set to 1 (interleaved
+                    // rows are whole blocks: `supported`).
                     unsafe {
-                        avx512::score_tile(
-                            tile,
-                            decoder,
-                            &avx512::Rows::new(decoder, tile_rows),
-                            &slot,
-                            heads,
-                            scores,
-                            first,
-                            ahead,
-                            false,
-                        )
-                    };
+                        if layout.interleaved {
+                            let rows = avx512::Blocks::new(&interleaving, tile_rows);
+                            avx512::score_tile(
+                                tile, decoder, &rows, &slot, heads, scores, first, ahead, false,
+                            )
+                        } else {
+                            let rows = avx512::Rows::new(decoder, tile_rows);
+                            avx512::score_tile(
+                                tile, decoder, &rows, &slot, heads, scores, first, ahead, false,
+                            )
+                        }
+                    }
                 }
                 for (s, bias) in scores.iter_mut().zip(biases.iter()) {
                     s[b * layout.tokens..][..layout.tokens]

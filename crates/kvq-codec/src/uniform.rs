@@ -561,6 +561,7 @@ impl Codec for IntCodec {
             width: self.head_dim,
             bits: self.bits,
             tokens,
+            interleaved: false,
         })
         .filter(|b| self.zero == ZeroPoint::Asymmetric && b.supported())
     }

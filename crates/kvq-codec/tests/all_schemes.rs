@@ -3,7 +3,7 @@
 //! reconstruction error is within a loose per-scheme bound, NaN/±inf is rejected, the fused
 //! `score` and `accumulate` agree with decode-then-compute, and the bit accounting is exact.
 
-use kvq_codec::interleaved::interleave;
+use kvq_codec::interleaved::{interleave, Layout};
 use kvq_codec::simd::Ahead;
 use kvq_codec::{
     build_codec, scheme_names, Calibration, Codec, CodecError, OakenThresholds, Role, SchemeKind,
@@ -93,9 +93,8 @@ fn codecs() -> &'static [NamedCodec] {
                     if let Some(c) = build() {
                         all.push((name.clone(), c));
                     }
-                    let interleaved = build().map(|c| interleave(c, role));
-                    if let Some(c) = interleaved.filter(|c| c.block_tokens() > 1) {
-                        all.push((name.clone(), c));
+                    if let Some(c) = build().filter(|c| Layout::of(c.as_ref(), role).is_some()) {
+                        all.push((name.clone(), interleave(c, role)));
                     }
                 }
             }

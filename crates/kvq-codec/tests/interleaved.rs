@@ -2,8 +2,8 @@
 //! in another order, the same values, and the same kernel results, whole blocks or partly
 //! written ones.
 
-use kvq_codec::interleaved::{interleave, runs};
-use kvq_codec::levels::{Interleaving, INTERLEAVED_ROWS};
+use kvq_codec::interleaved::{interleave, Layout};
+use kvq_codec::levels::INTERLEAVED_ROWS;
 use kvq_codec::simd::Ahead;
 use kvq_codec::{build_codec, scheme_names, Calibration, Codec, Role, SchemeKind};
 use rand::{Rng, SeedableRng};
@@ -11,7 +11,8 @@ use rand::{Rng, SeedableRng};
 /// A scheme's name, a role, a codec of it and the same codec interleaved.
 type Wrapped = (String, Role, Box<dyn Codec>, Box<dyn Codec>);
 
-/// Every scheme whose rows the integer kernels read, at every head size and role.
+/// Every scheme whose blocks the integer kernels read (one-row blocks with levels, keys in
+/// per-channel blocks), at every head size and role.
 fn wrapped_codecs() -> Vec<Wrapped> {
     let mut all = Vec::new();
     for name in scheme_names().into_iter().filter(|n| n != "oaken") {
@@ -25,13 +26,23 @@ fn wrapped_codecs() -> Vec<Wrapped> {
                 let wrapped = interleave(inner, role);
                 let levels = plain.level_format().is_some_and(|f| f.supported())
                     || !plain.level_segments().is_empty();
-                let expected = plain.block_tokens() == 1 && levels;
+                let rows = plain.block_tokens() == 1 && levels;
+                let channel = role == Role::Key && plain.channel_blocks().is_some();
+                let expected = rows || channel;
                 assert_eq!(
-                    wrapped.block_tokens() == INTERLEAVED_ROWS,
+                    Layout::of(plain.as_ref(), role).is_some(),
                     expected,
-                    "{name} d{d} {role:?}: interleaved exactly when the kernels read its rows"
+                    "{name} d{d} {role:?}: interleaved exactly when the kernels read its blocks"
                 );
+                // Rows go 16 to a block; per-channel blocks keep theirs.
+                let tokens = if rows {
+                    INTERLEAVED_ROWS
+                } else {
+                    plain.block_tokens()
+                };
                 if expected {
+                    assert_eq!(wrapped.block_tokens(), tokens, "{name} d{d} {role:?}");
+                    assert_eq!(wrapped.writes_rows(), rows, "{name} d{d} {role:?}");
                     all.push((name.clone(), role, plain, wrapped));
                 }
             }
@@ -48,21 +59,25 @@ fn random_rows(rows: usize, d: usize, seed: u64, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-/// The rows encoded one by one with `codec` (one-row blocks), row after row.
-fn row_bytes(codec: &dyn Codec, rows: &[f32]) -> Vec<u8> {
-    let d = codec.head_dim();
-    let mut bytes = vec![0u8; rows.len() / d * codec.block_bytes()];
-    for (row, out) in rows
-        .chunks_exact(d)
+/// The rows (whole blocks of `codec`) encoded block by block.
+fn encoded(codec: &dyn Codec, rows: &[f32]) -> Vec<u8> {
+    let per_block = codec.block_tokens() * codec.head_dim();
+    let mut bytes = vec![0u8; rows.len() / per_block * codec.block_bytes()];
+    for (block_rows, out) in rows
+        .chunks_exact(per_block)
         .zip(bytes.chunks_exact_mut(codec.block_bytes()))
     {
-        codec.encode(row, out).unwrap();
+        codec.encode(block_rows, out).unwrap();
     }
     bytes
 }
 
-/// The rows written into interleaved blocks one at a time, as a cache writes them.
-fn written_row_by_row(codec: &dyn Codec, rows: &[f32]) -> Vec<u8> {
+/// The rows written into blocks as a cache writes them: one at a time where the codec writes
+/// rows, else whole blocks.
+fn written(codec: &dyn Codec, rows: &[f32]) -> Vec<u8> {
+    if !codec.writes_rows() {
+        return encoded(codec, rows);
+    }
     let d = codec.head_dim();
     let (bt, bb) = (codec.block_tokens(), codec.block_bytes());
     let mut blocks = vec![0u8; (rows.len() / d).div_ceil(bt) * bb];
@@ -79,7 +94,7 @@ fn blocks_are_their_rows_permuted_and_decode_the_same() {
     for (name, role, plain, wrapped) in wrapped_codecs() {
         let d = plain.head_dim();
         let ctx = format!("{name} d{d} {role:?}");
-        let sources = Interleaving::bit_sources(&runs(plain.as_ref(), role).unwrap());
+        let sources = Layout::of(plain.as_ref(), role).unwrap().bit_sources();
         // A permutation of the 16 rows' bits.
         let mut seen = vec![false; sources.len()];
         for &s in &sources {
@@ -93,15 +108,9 @@ fn blocks_are_their_rows_permuted_and_decode_the_same() {
             "{ctx}"
         );
 
-        let rows = random_rows(2 * INTERLEAVED_ROWS, d, 5, 1.0);
-        let plain_bytes = row_bytes(plain.as_ref(), &rows);
-        let mut blocks = vec![0u8; 2 * wrapped.block_bytes()];
-        for (r, b) in rows
-            .chunks_exact(INTERLEAVED_ROWS * d)
-            .zip(blocks.chunks_exact_mut(wrapped.block_bytes()))
-        {
-            wrapped.encode(r, b).unwrap();
-        }
+        let rows = random_rows(2 * wrapped.block_tokens(), d, 5, 1.0);
+        let plain_bytes = encoded(plain.as_ref(), &rows);
+        let blocks = encoded(wrapped.as_ref(), &rows);
         for (block, rows_bytes) in blocks
             .chunks_exact(wrapped.block_bytes())
             .zip(plain_bytes.chunks_exact(wrapped.block_bytes()))
@@ -111,7 +120,7 @@ fn blocks_are_their_rows_permuted_and_decode_the_same() {
                 assert_eq!(bit(block, i), bit(rows_bytes, s as usize), "{ctx}: bit {i}");
             }
         }
-        assert_eq!(written_row_by_row(wrapped.as_ref(), &rows), blocks, "{ctx}");
+        assert_eq!(written(wrapped.as_ref(), &rows), blocks, "{ctx}");
 
         let decode = |codec: &dyn Codec, bytes: &[u8]| {
             let per_block = codec.block_tokens() * d;
@@ -199,14 +208,14 @@ fn assert_close(ctx: &str, what: &str, a: &[Vec<f32>], b: &[Vec<f32>], relative:
 
 #[test]
 fn kernels_on_blocks_equal_the_kernels_on_rows() {
-    // 96 rows: a whole tile of the integer kernels, then half a tile.
-    let rows_n = 6 * INTERLEAVED_ROWS;
     for (name, role, plain, wrapped) in wrapped_codecs() {
+        // 96 rows (a whole tile of the integer kernels, then half a tile), or whole blocks.
+        let rows_n = (6 * INTERLEAVED_ROWS).next_multiple_of(wrapped.block_tokens());
         let d = plain.head_dim();
         let ctx = format!("{name} d{d} {role:?}");
         let rows = random_rows(rows_n, d, 17, 1.0);
-        let plain_bytes = row_bytes(plain.as_ref(), &rows);
-        let blocks = written_row_by_row(wrapped.as_ref(), &rows);
+        let plain_bytes = encoded(plain.as_ref(), &rows);
+        let blocks = written(wrapped.as_ref(), &rows);
         let on_blocks = kernel_results(wrapped.as_ref(), &blocks, rows_n, rows_n, 3);
         let on_rows = kernel_results(plain.as_ref(), &plain_bytes, rows_n, rows_n, 3);
         assert_close(&ctx, "scores", &on_blocks.0, &on_rows.0, 1e-5);
@@ -219,17 +228,18 @@ fn kernels_on_blocks_equal_the_kernels_on_rows() {
 /// under zero weights for the rest that round the written rows' weights as finely.
 #[test]
 fn unwritten_rows_of_a_block_change_nothing() {
-    let (written, rows_n) = (INTERLEAVED_ROWS + 5, 2 * INTERLEAVED_ROWS);
-    for (name, role, plain, wrapped) in wrapped_codecs() {
+    let (written_rows, rows_n) = (INTERLEAVED_ROWS + 5, 2 * INTERLEAVED_ROWS);
+    let row_codecs = wrapped_codecs().into_iter().filter(|w| w.3.writes_rows());
+    for (name, role, plain, wrapped) in row_codecs {
         let d = plain.head_dim();
         let ctx = format!("{name} d{d} {role:?}");
         let mut rows = random_rows(rows_n, d, 23, 1000.0);
-        rows[..written * d].copy_from_slice(&random_rows(written, d, 29, 1.0));
-        let blocks = written_row_by_row(wrapped.as_ref(), &rows);
-        let plain_bytes = row_bytes(plain.as_ref(), &rows[..written * d]);
-        let (scores, sums) = kernel_results(wrapped.as_ref(), &blocks, rows_n, written, 4);
+        rows[..written_rows * d].copy_from_slice(&random_rows(written_rows, d, 29, 1.0));
+        let blocks = written(wrapped.as_ref(), &rows);
+        let plain_bytes = encoded(plain.as_ref(), &rows[..written_rows * d]);
+        let (scores, sums) = kernel_results(wrapped.as_ref(), &blocks, rows_n, written_rows, 4);
         let (plain_scores, plain_sums) =
-            kernel_results(plain.as_ref(), &plain_bytes, written, written, 4);
+            kernel_results(plain.as_ref(), &plain_bytes, written_rows, written_rows, 4);
         assert_close(&ctx, "scores", &scores, &plain_scores, 1e-5);
         assert_close(&ctx, "sums", &sums, &plain_sums, 1e-5);
     }
