@@ -2150,29 +2150,33 @@ mod avx512 {
                 let largest = largest_weights[hh];
                 _mm512_set1_ps(if largest > 0.0 { 127.0 / largest } else { 0.0 })
             });
+            // Each head's weights in steps of its largest, `127·w/max w`, once for every map.
+            let head_levels: [[__m512; VECTORS]; SUM_HEADS] = std::array::from_fn(|hh| {
+                std::array::from_fn(|i| _mm512_mul_ps(head_weights(hh, i), to_levels[hh]))
+            });
             for g in 0..maps {
+                let relative = relative_scales[g].assume_init();
                 let mut code_sums = [_mm512_setzero_si512(); SUM_HEADS];
                 let mut center_sums = [_mm512_setzero_ps(); SUM_HEADS];
                 for hh in 0..heads {
                     rounded.steps[hh][g] = largest_weights[hh] * largest_scale[g] / 127.0;
-                    for i in 0..VECTORS {
-                        let x = head_weights(hh, i);
-                        let at = g * per_map * TILE_ROWS + 16 * i;
-                        if has_min {
+                    if has_min {
+                        for i in 0..VECTORS {
+                            let at = g * per_map * TILE_ROWS + 16 * i;
                             let value = _mm512_loadu_ps(tile.centers.as_ptr().add(at));
-                            center_sums[hh] = _mm512_fmadd_ps(x, value, center_sums[hh]);
+                            center_sums[hh] =
+                                _mm512_fmadd_ps(head_weights(hh, i), value, center_sums[hh]);
                         }
-                        let codes = _mm512_cvtps_epi32(_mm512_mul_ps(
-                            _mm512_mul_ps(x, to_levels[hh]),
-                            relative_scales[g].assume_init()[i],
-                        ));
-                        code_sums[hh] = _mm512_add_epi32(code_sums[hh], codes);
-                        let out = tile
-                            .weights
-                            .as_mut_ptr()
-                            .add((hh * maps + g) * TILE_ROWS + 16 * i);
-                        _mm_storeu_si128(out as *mut _, _mm512_cvtepi32_epi8(codes));
                     }
+                    let codes: [__m512i; VECTORS] = std::array::from_fn(|i| {
+                        _mm512_cvtps_epi32(_mm512_mul_ps(head_levels[hh][i], relative[i]))
+                    });
+                    code_sums[hh] = _mm512_add_epi32(
+                        _mm512_add_epi32(codes[0], codes[1]),
+                        _mm512_add_epi32(codes[2], codes[3]),
+                    );
+                    let out = tile.weights.as_mut_ptr().add((hh * maps + g) * TILE_ROWS);
+                    _mm512_storeu_si512(out as *mut _, low_bytes(codes));
                 }
                 let (mut codes, mut centers) = ([0i32; 16], [0f32; 16]);
                 _mm512_storeu_si512(codes.as_mut_ptr() as *mut _, add4(code_sums));
@@ -2224,6 +2228,21 @@ mod avx512 {
                 }
             }
         }
+    }
+
+    /// The low bytes of the 32-bit lanes of `v` (each within i8), vector after vector: two
+    /// saturating packs, then a permutation of their dwords back into order.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+    unsafe fn low_bytes(v: [__m512i; 4]) -> __m512i {
+        let words = [
+            _mm512_packs_epi32(v[0], v[1]),
+            _mm512_packs_epi32(v[2], v[3]),
+        ];
+        // Dword `j` of 128-bit lane `L` now holds lanes `4L..4L + 4` of vector `j`.
+        let bytes = _mm512_packs_epi16(words[0], words[1]);
+        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        _mm512_permutexvar_epi32(order, bytes)
     }
 
     /// The value of 16 lanes of integer sums of group `g`: `step·(sum − centering) +
