@@ -30,12 +30,18 @@
 //! uses the nearest i8 table ([`LevelTable::nearest`]): each value moves by at most half a
 //! table unit times its scale.
 //!
+//! A cache keeps such rows 16 to a block in the order its role's kernel reads them
+//! ([`Interleaving`], [`KernelOrder`]; `crate::interleaved`): the score kernel then loads each
+//! vector of words as it lies instead of transposing, the sums load one byte of 4 rows per
+//! lane, and 2- and 3-bit codes lie in bit planes that a shift and a mask cut.
+//!
 //! Rows whose runs of channels use different codes (TurboQuant's fractional rates: two
 //! codebooks) are read run by run ([`LevelSegment`], [`score_segments`],
 //! [`accumulate_segments`]).
 //! Blocks that keep one map per channel for many rows (KIVI's keys, [`ChannelBlocks`]) are
 //! scored the same way after folding each block's scales into the query
-//! ([`score_channel_blocks`]); their sums keep the float kernels.
+//! ([`score_channel_blocks`]), their rows interleaved 16 at a time where the cache
+//! interleaves ([`ChannelBlocks::interleaving`]); their sums keep the float kernels.
 //!
 //! The kernels need AVX-512 F/BW/DQ/VNNI/VBMI/VBMI2 ([`available`]); elsewhere, and after
 //! [`set_enabled`]`(false)`, the float kernels run.
