@@ -152,14 +152,16 @@ pub fn attend(
     }
 
     // Every query head scaled, and prepared for the key codec (rotated, for example), once
-    // for all the items that read it.
+    // for all the items that read it: a share of the heads per thread, so that a rotation is
+    // read once per share rather than once per head.
     let qlen = view.k_codec.query_len();
     let scaled: Vec<f32> = queries.iter().map(|x| x * params.scale).collect();
     let mut prepared = vec![0f32; scaled.len() / d * qlen];
+    let share = (n * params.q_heads).div_ceil(threads).max(1);
     prepared
-        .par_chunks_mut(qlen)
-        .zip(scaled.par_chunks(d))
-        .for_each(|(p, q)| view.k_codec.prepare_query(q, p));
+        .par_chunks_mut(share * qlen)
+        .zip(scaled.par_chunks(share * d))
+        .for_each(|(p, q)| view.k_codec.prepare_queries(q, p));
 
     let partials: Vec<(usize, usize, Vec<Partial>)> = items
         .par_iter()
@@ -184,20 +186,27 @@ pub fn attend(
             }
         }
     }
-    // Finishing can rotate back (TurboQuant): one head per task.
-    merged
-        .into_par_iter()
-        .zip(out.par_chunks_exact_mut(d))
-        .for_each(|(slot, o)| {
-            let state = slot.expect("every query head has at least one item");
-            view.v_codec.finish(&state.acc_codec, o);
-            let inv = if state.sum > 0.0 {
-                1.0 / state.sum
-            } else {
-                0.0
-            };
-            for (x, f) in o.iter_mut().zip(&state.acc_full) {
-                *x = (*x + f) * inv;
+    // Finishing can rotate back (TurboQuant): a share of the heads per task, as above.
+    let states: Vec<Partial> = merged
+        .into_iter()
+        .map(|slot| slot.expect("every query head has at least one item"))
+        .collect();
+    states
+        .par_chunks(share)
+        .zip(out.par_chunks_mut(share * d))
+        .for_each(|(states, out)| {
+            let accs: Vec<&[f32]> = states.iter().map(|s| s.acc_codec.as_slice()).collect();
+            let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(d).collect();
+            view.v_codec.finish_group(&accs, &mut outs);
+            for (state, o) in states.iter().zip(outs) {
+                let inv = if state.sum > 0.0 {
+                    1.0 / state.sum
+                } else {
+                    0.0
+                };
+                for (x, f) in o.iter_mut().zip(&state.acc_full) {
+                    *x = (*x + f) * inv;
+                }
             }
         });
 }

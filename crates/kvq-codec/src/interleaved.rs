@@ -232,6 +232,10 @@ impl Codec for Interleaved {
         self.inner.prepare_query(query, prepared);
     }
 
+    fn prepare_queries(&self, queries: &[f32], prepared: &mut [f32]) {
+        self.inner.prepare_queries(queries, prepared);
+    }
+
     fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]) {
         self.with_rows(blocks, |rows| {
             self.inner.score(prepared_query, rows, scores)
@@ -300,6 +304,10 @@ impl Codec for Interleaved {
 
     fn finish(&self, acc: &[f32], out: &mut [f32]) {
         self.inner.finish(acc, out);
+    }
+
+    fn finish_group(&self, accs: &[&[f32]], outs: &mut [&mut [f32]]) {
+        self.inner.finish_group(accs, outs);
     }
 
     fn writes_rows(&self) -> bool {

@@ -171,6 +171,15 @@ pub trait Codec: Send + Sync {
     fn prepare_query(&self, query: &[f32], prepared: &mut [f32]) {
         prepared.copy_from_slice(query);
     }
+    /// [`Codec::prepare_query`] for several queries at once: `queries` holds them one after
+    /// another (`head_dim` each), `prepared` receives theirs (`query_len` each). The default
+    /// prepares them one by one; codecs that rotate queries read their rotation once for all.
+    fn prepare_queries(&self, queries: &[f32], prepared: &mut [f32]) {
+        let (d, len) = (self.head_dim(), self.query_len());
+        for (q, p) in queries.chunks_exact(d).zip(prepared.chunks_exact_mut(len)) {
+            self.prepare_query(q, p);
+        }
+    }
     /// `scores[t] = q·k_t` for every row of the run of blocks in `blocks`;
     /// `scores.len() == blocks.len() / block_bytes · block_tokens`.
     fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]);
@@ -275,6 +284,13 @@ pub trait Codec: Send + Sync {
     /// Turns an accumulator into output values (`head_dim` long); the default copies it.
     fn finish(&self, acc: &[f32], out: &mut [f32]) {
         out.copy_from_slice(&acc[..self.head_dim()]);
+    }
+    /// [`Codec::finish`] for several accumulators at once (`outs[h]` from `accs[h]`). The
+    /// default finishes them one by one; codecs that rotate read their rotation once for all.
+    fn finish_group(&self, accs: &[&[f32]], outs: &mut [&mut [f32]]) {
+        for (acc, out) in accs.iter().zip(outs.iter_mut()) {
+            self.finish(acc, out);
+        }
     }
 }
 

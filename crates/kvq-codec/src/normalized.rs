@@ -156,10 +156,26 @@ impl Codec for ChannelNorm {
     }
 
     fn prepare_query(&self, query: &[f32], prepared: &mut [f32]) {
-        let scaled: Vec<f32> = query.iter().zip(&self.scales).map(|(q, s)| q * s).collect();
-        let (inner, offset) = prepared.split_at_mut(self.inner.query_len());
-        self.inner.prepare_query(&scaled, inner);
-        offset[0] = query.iter().zip(&self.means).map(|(q, m)| q * m).sum();
+        self.prepare_queries(query, prepared);
+    }
+
+    /// The inner codec prepares the scaled queries together.
+    fn prepare_queries(&self, queries: &[f32], prepared: &mut [f32]) {
+        let (d, inner_len) = (self.head_dim(), self.inner.query_len());
+        let scaled: Vec<f32> = queries
+            .chunks_exact(d)
+            .flat_map(|q| q.iter().zip(&self.scales).map(|(q, s)| q * s))
+            .collect();
+        let mut inner = vec![0f32; scaled.len() / d * inner_len];
+        self.inner.prepare_queries(&scaled, &mut inner);
+        for ((query, inner), prepared) in queries
+            .chunks_exact(d)
+            .zip(inner.chunks_exact(inner_len))
+            .zip(prepared.chunks_exact_mut(inner_len + 1))
+        {
+            prepared[..inner_len].copy_from_slice(inner);
+            prepared[inner_len] = query.iter().zip(&self.means).map(|(q, m)| q * m).sum();
+        }
     }
 
     fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]) {

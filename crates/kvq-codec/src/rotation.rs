@@ -82,44 +82,58 @@ impl Rotation {
 
     /// `out = Π·x`.
     pub fn apply(&self, x: &[f32], out: &mut [f32]) {
+        self.apply_group(&[x], &mut [out]);
+    }
+
+    /// `outs[h] = Π·xs[h]`, the matrix read once for all of them.
+    pub fn apply_group(&self, xs: &[&[f32]], outs: &mut [&mut [f32]]) {
         match &self.form {
             // The matrix's rows as a run of f32 rows for the group kernel: 4 rows per step,
-            // their sums reduced together.
+            // their sums reduced together, every vector against each row while it is loaded.
             Form::Dense(m) => simd::dot_rows_group(
                 RowFormat::F32,
-                &[x],
+                xs,
                 simd::f32_bytes(m),
-                &mut [out],
+                outs,
                 &mut Ahead::none(),
             ),
             Form::Hadamard(signs) => {
-                for ((o, &v), &s) in out.iter_mut().zip(x).zip(signs) {
-                    *o = v * s;
+                for (x, out) in xs.iter().zip(outs.iter_mut()) {
+                    for ((o, &v), &s) in out.iter_mut().zip(x.iter()).zip(signs) {
+                        *o = v * s;
+                    }
+                    walsh_hadamard(out);
                 }
-                walsh_hadamard(out);
             }
         }
     }
 
     /// `out = Πᵀ·y` (the inverse rotation).
     pub fn apply_transpose(&self, y: &[f32], out: &mut [f32]) {
+        self.apply_transpose_group(&[y], &mut [out]);
+    }
+
+    /// `outs[h] = Πᵀ·ys[h]`, the matrix read once for all of them.
+    pub fn apply_transpose_group(&self, ys: &[&[f32]], outs: &mut [&mut [f32]]) {
         match &self.form {
             // `Σ_i y_i·row_i`, summed in registers over the rows by the group kernel.
             Form::Dense(m) => {
-                out.fill(0.0);
+                outs.iter_mut().for_each(|o| o.fill(0.0));
                 simd::axpy_rows_group(
                     RowFormat::F32,
-                    &[y],
+                    ys,
                     simd::f32_bytes(m),
-                    &mut [out],
+                    outs,
                     &mut Ahead::none(),
                 );
             }
             Form::Hadamard(signs) => {
-                out.copy_from_slice(y);
-                walsh_hadamard(out);
-                for (o, &s) in out.iter_mut().zip(signs) {
-                    *o *= s;
+                for (y, out) in ys.iter().zip(outs.iter_mut()) {
+                    out.copy_from_slice(y);
+                    walsh_hadamard(out);
+                    for (o, &s) in out.iter_mut().zip(signs) {
+                        *o *= s;
+                    }
                 }
             }
         }

@@ -519,30 +519,45 @@ impl Codec for TurboCodec {
     }
 
     fn prepare_query(&self, query: &[f32], prepared: &mut [f32]) {
+        self.prepare_queries(query, prepared);
+    }
+
+    /// Each part's rotation is read once for all the queries.
+    fn prepare_queries(&self, queries: &[f32], prepared: &mut [f32]) {
+        let (d, len) = (self.head_dim, self.query_len());
         let scaled: Vec<f32> = match &self.channel_scales {
-            Some(s) => query.iter().zip(s).map(|(q, s)| q * s).collect(),
-            None => query.to_vec(),
+            Some(s) => queries
+                .chunks_exact(d)
+                .flat_map(|q| q.iter().zip(s).map(|(q, s)| q * s))
+                .collect(),
+            None => queries.to_vec(),
         };
         for part in &self.parts {
-            let gathered: Vec<f32> = part.channels.iter().map(|&c| scaled[c]).collect();
-            let dim = gathered.len();
-            part.rotation.apply(
-                &gathered,
-                &mut prepared[part.coord_offset..part.coord_offset + dim],
-            );
+            let dim = part.channels.len();
+            let gathered: Vec<f32> = scaled
+                .chunks_exact(d)
+                .flat_map(|q| part.channels.iter().map(|&c| q[c]))
+                .collect();
+            let xs: Vec<&[f32]> = gathered.chunks_exact(dim).collect();
+            let mut outs: Vec<&mut [f32]> = prepared
+                .chunks_exact_mut(len)
+                .map(|p| &mut p[part.coord_offset..part.coord_offset + dim])
+                .collect();
+            part.rotation.apply_group(&xs, &mut outs);
         }
-        if let Some(qjl) = &self.qjl {
-            let d = self.head_dim;
-            let scale = self.qjl_scale();
-            for (row, p) in qjl.sketch.chunks_exact(d).zip(&mut prepared[d..2 * d]) {
-                *p = scale * row.iter().zip(&scaled).map(|(a, b)| a * b).sum::<f32>();
+        for (scaled, prepared) in scaled.chunks_exact(d).zip(prepared.chunks_exact_mut(len)) {
+            if let Some(qjl) = &self.qjl {
+                let scale = self.qjl_scale();
+                for (row, p) in qjl.sketch.chunks_exact(d).zip(&mut prepared[d..2 * d]) {
+                    *p = scale * row.iter().zip(scaled).map(|(a, b)| a * b).sum::<f32>();
+                }
             }
-        }
-        if let Some(format) = &self.levels {
-            levels::finish_query(format, prepared);
-        }
-        if !self.segments.is_empty() {
-            levels::finish_segment_query(&self.segments, prepared);
+            if let Some(format) = &self.levels {
+                levels::finish_query(format, prepared);
+            }
+            if !self.segments.is_empty() {
+                levels::finish_segment_query(&self.segments, prepared);
+            }
         }
     }
 
@@ -639,30 +654,41 @@ impl Codec for TurboCodec {
     }
 
     fn finish(&self, acc: &[f32], out: &mut [f32]) {
+        self.finish_group(&[acc], &mut [out]);
+    }
+
+    /// Each part's rotation is read once for all the accumulators.
+    fn finish_group(&self, accs: &[&[f32]], outs: &mut [&mut [f32]]) {
         let d = self.head_dim;
         for part in &self.parts {
             let dim = part.channels.len();
-            let mut unrotated = vec![0f32; dim];
-            part.rotation.apply_transpose(
-                &acc[part.coord_offset..part.coord_offset + dim],
-                &mut unrotated,
-            );
-            for (&c, v) in part.channels.iter().zip(unrotated) {
-                out[c] = v;
-            }
-        }
-        if let Some(qjl) = &self.qjl {
-            let scale = self.qjl_scale();
-            for (row, &a) in qjl.sketch.chunks_exact(d).zip(&acc[d..2 * d]) {
-                let a = a * scale;
-                for (o, &s) in out.iter_mut().zip(row) {
-                    *o += s * a;
+            let ys: Vec<&[f32]> = accs
+                .iter()
+                .map(|acc| &acc[part.coord_offset..part.coord_offset + dim])
+                .collect();
+            let mut unrotated = vec![0f32; accs.len() * dim];
+            let mut rows: Vec<&mut [f32]> = unrotated.chunks_exact_mut(dim).collect();
+            part.rotation.apply_transpose_group(&ys, &mut rows);
+            for (out, row) in outs.iter_mut().zip(unrotated.chunks_exact(dim)) {
+                for (&c, &v) in part.channels.iter().zip(row) {
+                    out[c] = v;
                 }
             }
         }
-        if let Some(scales) = &self.channel_scales {
-            for (o, s) in out.iter_mut().zip(scales) {
-                *o *= s;
+        for (acc, out) in accs.iter().zip(outs.iter_mut()) {
+            if let Some(qjl) = &self.qjl {
+                let scale = self.qjl_scale();
+                for (row, &a) in qjl.sketch.chunks_exact(d).zip(&acc[d..2 * d]) {
+                    let a = a * scale;
+                    for (o, &s) in out.iter_mut().zip(row) {
+                        *o += s * a;
+                    }
+                }
+            }
+            if let Some(scales) = &self.channel_scales {
+                for (o, s) in out.iter_mut().zip(scales) {
+                    *o *= s;
+                }
             }
         }
     }

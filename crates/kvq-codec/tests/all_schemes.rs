@@ -584,3 +584,47 @@ fn sum_bound(
     }
     1.001 * bound
 }
+
+/// `prepare_queries` and `finish_group` over several heads give what `prepare_query` and
+/// `finish` give one head at a time, bit for bit, for every scheme (TurboQuant's rotations are
+/// read once for all the heads) and for normalized keys.
+#[test]
+fn batched_queries_and_finishing_equal_one_head_at_a_time() {
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    let d = 128;
+    let normalization = Calibration {
+        channel_means: Some((0..d).map(|c| (c % 7) as f32 - 3.0).collect()),
+        channel_scales: Some((0..d).map(|c| 0.5 + (c % 5) as f32).collect()),
+        channel_norm: true,
+        ..Default::default()
+    };
+    let normalized: Vec<NamedCodec> = ["turbo4", "turbo3.5", "q4_0"]
+        .iter()
+        .filter_map(|name| Some((name.to_string(), build(name, Role::Key, d, &normalization)?)))
+        .collect();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (name, codec) in codecs().iter().chain(&normalized) {
+        let (d, heads) = (codec.head_dim(), 5);
+        let (qlen, alen) = (codec.query_len(), codec.accumulator_len());
+        let queries: Vec<f32> = (0..heads * d).map(|_| rng.sample(StandardNormal)).collect();
+        let mut batched = vec![0f32; heads * qlen];
+        codec.prepare_queries(&queries, &mut batched);
+        for (q, b) in queries.chunks_exact(d).zip(batched.chunks_exact(qlen)) {
+            let mut one = vec![0f32; qlen];
+            codec.prepare_query(q, &mut one);
+            assert_eq!(bits(&one), bits(b), "{name}: prepared query");
+        }
+        let accs: Vec<f32> = (0..heads * alen)
+            .map(|_| rng.sample(StandardNormal))
+            .collect();
+        let acc_refs: Vec<&[f32]> = accs.chunks_exact(alen).collect();
+        let mut outs = vec![0f32; heads * d];
+        let mut out_refs: Vec<&mut [f32]> = outs.chunks_exact_mut(d).collect();
+        codec.finish_group(&acc_refs, &mut out_refs);
+        for (acc, out) in acc_refs.iter().zip(outs.chunks_exact(d)) {
+            let mut one = vec![0f32; d];
+            codec.finish(acc, &mut one);
+            assert_eq!(bits(&one), bits(out), "{name}: finished output");
+        }
+    }
+}
