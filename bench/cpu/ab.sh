@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# A/B of kvq builds in turns: the attention benchmark of each build, one after another, ROUNDS
+# times, so that the slow minutes of a shared machine hit every build alike. Prints, per build
+# and cache, the fastest and the median of the rounds' fastest times (ms) and all of them.
+#
+# Usage: bench/cpu/ab.sh ROUNDS NAME:BINARY[:ENV=VALUE] ...
+#   KV=turbo3,q4_0 CTX=32768 ITERS=10 bench/cpu/ab.sh 4 old:/tmp/kvq-old: new:target/release/kvq:
+# (ENV=VALUE sets one environment variable for that build's runs, e.g. RAYON_NUM_THREADS=1.)
+set -euo pipefail
+rounds=$1
+shift
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+for _ in $(seq "$rounds"); do
+  for build in "$@"; do
+    IFS=: read -r name bin vars <<< "$build"
+    env $vars "$bin" bench attention --kv "${KV:-turbo3,q4_0}" --ctx "${CTX:-32768}" \
+        --iters "${ITERS:-10}" --json 2>/dev/null |
+      python3 -c "
+import json, sys
+records = json.load(sys.stdin)
+print('$name', 'f16', records[0]['baseline_fastest_ms'])
+for r in records:
+    print('$name', r['kv'], r['fastest_ms'])
+" >> "$out"
+  done
+done
+python3 - "$out" <<'PY'
+import collections, sys
+runs = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    name, kv, ms = line.split()
+    runs[(name, kv)].append(float(ms))
+for (name, kv), ms in sorted(runs.items()):
+    ordered = sorted(ms)
+    print(f"{name:8} {kv:10} min {ordered[0]:.3f} med {ordered[len(ms) // 2]:.3f}  all "
+          + " ".join(f"{x:.2f}" for x in ms))
+PY
