@@ -28,7 +28,7 @@
 //! The block functions ([`GgmlType::quantize_block`], [`GgmlType::dequantize_block`],
 //! [`GgmlType::dequantize_row`]) are public so that GGUF weights use the same implementation.
 
-use crate::levels::{self, CodeLayout, LevelFormat, MapLayout};
+use crate::levels::{self, CodeLayout, LevelFormat, LevelTable, MapLayout};
 use crate::simd::RowFormat;
 use crate::uniform::{out_of_f16_range, read_f16};
 use crate::{check_finite, Codec, CodecError};
@@ -362,8 +362,8 @@ impl Codec for GgmlCodec {
         self.ty.dequantize_row(block, rows);
     }
 
-    /// Types with a minimum append each 32-block's query sum, which the `m` term needs;
-    /// `q4_0` the i8 query of the integer kernels.
+    /// Types with a minimum append each 32-block's query sum, which the `m` term needs; the
+    /// 4-bit types (`q4_0`, `q4_1`, `iq4_nl`) the i8 query of the integer kernels.
     fn query_len(&self) -> usize {
         let sums = if self.ty.has_min() {
             self.blocks_per_row()
@@ -390,21 +390,36 @@ impl Codec for GgmlCodec {
     }
 
     fn level_format(&self) -> Option<LevelFormat> {
-        if self.ty != GgmlType::Q4_0 {
-            return None;
-        }
+        let bb = self.ty.block_bytes();
+        let (nibbles_at, min_at, zero, table) = match self.ty {
+            GgmlType::Q4_0 => (2, None, 8.0, None),
+            GgmlType::Q4_1 => (4, Some(2), 0.0, None),
+            GgmlType::Iq4Nl => (
+                2,
+                None,
+                128.0,
+                Some(LevelTable {
+                    levels: IQ4_NL_VALUES,
+                    unit: 1.0,
+                }),
+            ),
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q5_1 => return None,
+        };
         Some(LevelFormat {
             row_bytes: self.block_bytes(),
             width: self.head_dim,
-            codes: CodeLayout::Q4_0,
+            codes: CodeLayout::Nibbles {
+                block_bytes: bb,
+                at: nibbles_at,
+            },
             maps: MapLayout {
                 channels: QK,
                 scale_at: 0,
-                stride: 18,
-                min_at: None,
-                zero: 8.0,
+                stride: bb,
+                min_at,
+                zero,
             },
-            table: None,
+            table,
         })
         .filter(LevelFormat::supported)
     }

@@ -9,7 +9,7 @@
 //! `value = scale·level + offset` with one map per [`GROUP`] channels.
 //!
 //! A row's codes are read as one *code stream* ([`LevelFormat::stream_channel`] says which
-//! channel each position holds): the packed codes, or q4_0's nibbles with its scales skipped.
+//! channel each position holds): the packed codes, or llama.cpp blocks' nibbles with their maps skipped.
 //!
 //! * Scores: the prepared query carries an i8 copy of itself, one scale per 32 channels
 //!   ([`quantize_query`], as llama.cpp's q8_0 activations), in the order the kernel cuts the
@@ -70,9 +70,15 @@ pub enum CodeLayout {
         /// Code width.
         bits: u32,
     },
-    /// llama.cpp `q4_0`: per 32 channels a 2-byte scale, then 16 bytes holding channel `j` in
-    /// the low nibble of byte `j` and channel `j + 16` in its high nibble.
-    Q4_0,
+    /// llama.cpp's 4-bit blocks (`q4_0`, `q4_1`, `iq4_nl`): per 32 channels a block of
+    /// `block_bytes` whose 16 bytes from byte `at` hold channel `j` in the low nibble of byte
+    /// `j` and channel `j + 16` in its high nibble.
+    Nibbles {
+        /// Bytes per block of 32 channels (at most 32).
+        block_bytes: usize,
+        /// Byte of a block where its nibbles begin.
+        at: usize,
+    },
 }
 
 /// Where a row keeps the affine map of each group of channels (little-endian f16 values).
@@ -135,18 +141,18 @@ impl LevelFormat {
     pub fn code_bits(&self) -> u32 {
         match self.codes {
             CodeLayout::Packed { bits, .. } => bits,
-            CodeLayout::Q4_0 => 4,
+            CodeLayout::Nibbles { .. } => 4,
         }
     }
 
     /// The channel that position `i` of a row's code stream holds. Packed codes are in
-    /// channel order; q4_0's stream is its nibble bytes, low nibble first, so that position
+    /// channel order; llama.cpp blocks' stream is their nibble bytes, low nibble first, so that position
     /// `i` of block `b` holds channel `32b + (i mod 32)/2 + 16·(i mod 2)`. Every 32 positions
     /// hold one group of channels.
     pub fn stream_channel(&self, i: usize) -> usize {
         match self.codes {
             CodeLayout::Packed { .. } => i,
-            CodeLayout::Q4_0 => 32 * (i / 32) + (i % 32) / 2 + 16 * (i % 2),
+            CodeLayout::Nibbles { .. } => 32 * (i / 32) + (i % 32) / 2 + 16 * (i % 2),
         }
     }
 
@@ -154,7 +160,7 @@ impl LevelFormat {
     pub fn stream_byte(&self, i: usize) -> usize {
         match self.codes {
             CodeLayout::Packed { at, .. } => at + i,
-            CodeLayout::Q4_0 => 18 * (i / 16) + 2 + i % 16,
+            CodeLayout::Nibbles { block_bytes, at } => block_bytes * (i / 16) + at + i % 16,
         }
     }
 
@@ -198,9 +204,9 @@ impl LevelFormat {
     /// The level the kernels center on: the zero level where there is no minimum, the middle
     /// code otherwise. Rounding errors are then proportional to `level − center`.
     pub fn center(&self) -> f32 {
-        match (self.maps.min_at, self.codes) {
-            (Some(_), CodeLayout::Packed { bits, .. }) => (1u32 << (bits - 1)) as f32,
-            _ => self.maps.zero,
+        match self.maps.min_at {
+            Some(_) => (1u32 << (self.code_bits() - 1)) as f32,
+            None => self.maps.zero,
         }
     }
 
@@ -213,7 +219,10 @@ impl LevelFormat {
             CodeLayout::Packed { at, bits } => {
                 matches!(bits, 2..=4) && at + self.width / 8 * bits as usize <= self.row_bytes
             }
-            CodeLayout::Q4_0 => self.width / GROUP * 18 <= self.row_bytes,
+            CodeLayout::Nibbles { block_bytes, at } => {
+                (at + 16..=32).contains(&block_bytes)
+                    && self.width / GROUP * block_bytes <= self.row_bytes
+            }
         };
         let m = self.maps;
         let maps = self.width / m.channels.max(1);
@@ -1058,7 +1067,7 @@ mod avx512 {
         /// Masks of the two 64-byte loads of a 128-channel chunk, and of a 64-channel tail.
         stream_load: [__mmask64; 2],
         tail_load: [__mmask64; 2],
-        /// q4_0: the permutation of the two loads that leaves the nibble bytes.
+        /// llama.cpp blocks: the permutation of the two loads that leaves the nibble bytes.
         compact: Option<__m512i>,
         /// Bytes from a chunk's source to its second 64 channels, the mask that loads 64
         /// channels, and the pair permutation (see `pair_permute`) of such loads.
@@ -1095,19 +1104,21 @@ mod avx512 {
                     [first_bytes(8 * b), 0],
                     None,
                 ),
-                // Four blocks of 18 bytes; stream byte j is byte 2 + j mod 16 of block j/16.
-                CodeLayout::Q4_0 => (
+                // Four blocks; stream byte j is byte `at + j mod 16` of block j/16.
+                CodeLayout::Nibbles { block_bytes, .. } => (
                     0,
-                    72,
-                    [!0, first_bytes(8)],
-                    [first_bytes(36), 0],
+                    4 * block_bytes,
+                    [!0, first_bytes(4 * block_bytes - 64)],
+                    [first_bytes(2 * block_bytes), 0],
                     Some(bytes(std::array::from_fn(|j| format.stream_byte(j) as u8))),
                 ),
             };
-            // Half a chunk: 32 stream bytes, or q4_0's two blocks of 18 bytes.
+            // Half a chunk: 32 stream bytes, or two llama.cpp blocks.
             let (half_step, nibble_pairs) = match format.codes {
                 CodeLayout::Packed { .. } => (8 * b, pair_permute(|b| b)),
-                CodeLayout::Q4_0 => (36, pair_permute(|b| format.stream_byte(b))),
+                CodeLayout::Nibbles { block_bytes, .. } => {
+                    (2 * block_bytes, pair_permute(|b| format.stream_byte(b)))
+                }
             };
             let maps = format.maps();
             let words: [u8; 64] = std::array::from_fn(|j| {
@@ -2307,7 +2318,7 @@ mod avx512 {
     }
 
     /// The integer sums of 4-bit streams, straight from the rows: per 4 rows and 32 stream
-    /// bytes (64 channels, loaded with q4_0's two scales in between), the bytes are
+    /// bytes (64 channels, loaded with llama.cpp blocks' maps in between), the bytes are
     /// interleaved (one byte of 4 rows per lane) and both nibbles cut.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
@@ -2324,7 +2335,7 @@ mod avx512 {
         let (w, n) = (format.width, rows.rows());
         let nibble = _mm512_set1_epi8(0x0f);
 
-        // Packed codes alternate channels within a byte; q4_0's nibbles are 16 apart.
+        // Packed codes alternate channels within a byte; llama.cpp blocks' nibbles are 16 apart.
         let interleave: [__m512i; 2] = [
             _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
             _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31),
@@ -2422,8 +2433,8 @@ mod tests {
     fn level(format: &LevelFormat, row: &[u8], c: usize) -> u8 {
         let code = match format.codes {
             CodeLayout::Packed { at, bits } => crate::bits::get(&row[at..], bits, c),
-            CodeLayout::Q4_0 => {
-                let byte = row[18 * (c / 32) + 2 + c % 16];
+            CodeLayout::Nibbles { block_bytes, at } => {
+                let byte = row[block_bytes * (c / 32) + at + c % 16];
                 if c % 32 < 16 {
                     byte & 15
                 } else {
@@ -2602,6 +2613,8 @@ mod tests {
             .collect();
         for want in [
             "q4_0",
+            "q4_1",
+            "iq4_nl",
             "int4",
             "int3",
             "int2",
@@ -2618,7 +2631,8 @@ mod tests {
         for not in [
             "int8",
             "q8_0",
-            "q4_1",
+            "q5_0",
+            "q5_1",
             "kivi4",
             "turbo3.5",
             "turbo3-prod",

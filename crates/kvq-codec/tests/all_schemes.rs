@@ -560,13 +560,12 @@ fn sum_bound(
     bytes: &[u8],
     c: usize,
 ) -> f32 {
-    use kvq_codec::levels::{CodeLayout, TILE_ROWS};
-    let largest_level = match (format.codes, format.table) {
-        (CodeLayout::Packed { bits, .. }, None) => format
+    use kvq_codec::levels::TILE_ROWS;
+    let largest_level = match format.table {
+        None => format
             .center()
-            .max(((1u32 << bits) - 1) as f32 - format.center()),
-        (CodeLayout::Q4_0, None) => 8.0,
-        _ => 128.0,
+            .max(((1u32 << format.code_bits()) - 1) as f32 - format.center()),
+        Some(_) => 128.0,
     };
     let rows: Vec<&[u8]> = bytes.chunks_exact(format.row_bytes).collect();
     let mut bound = 0.0;
