@@ -1,7 +1,7 @@
 //! Integer group kernels: attention's two inner loops on small integer codes, with AVX-512
 //! VNNI.
 //!
-//! A codec whose working rows are 2- to 4-bit codes under one affine map per group of channels
+//! A codec whose working rows are 1- to 4-bit codes under one affine map per group of channels
 //! describes where its bytes keep them with a [`LevelFormat`] ([`crate::Codec::level_format`]).
 //! The default group kernels ([`crate::tile`]) then compute on the codes with `vpdpbusd`:
 //! 64 products of u8 levels × i8 values summed into 16 i32 lanes per instruction, where the
@@ -16,7 +16,7 @@
 //!   codes ([`LevelFormat::query_channel`]). The code streams of 16 rows are transposed as
 //!   32-bit words, straight from the cache, so that each lane holds one row; every 4 codes are
 //!   then cut out (a mask and a shift for nibbles, per-byte bit shifts with `vpmultishiftqb`
-//!   for 2 and 3 bits), and each instruction adds 4 channels of 16 rows.
+//!   for 1 to 3 bits), and each instruction adds 4 channels of 16 rows.
 //! * Sums: per tile of [`TILE_ROWS`] rows, head and map, the weights times the rows' scales
 //!   are rounded to i8 against their largest magnitude. Four rows are interleaved byte-wise so
 //!   that each lane holds one channel of 4 rows: 4-bit streams straight from the cache (both
@@ -62,7 +62,7 @@ pub const MAP_WORDS: usize = 8;
 /// Where a row keeps its codes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum CodeLayout {
-    /// `bits`-bit codes (2, 3 or 4), least significant bit first as [`crate::bits`] packs
+    /// `bits`-bit codes (1 to 4), least significant bit first as [`crate::bits`] packs
     /// them, from byte `at`; the level is the code (or its table entry).
     Packed {
         /// Byte offset of the first code.
@@ -210,14 +210,14 @@ impl LevelFormat {
         }
     }
 
-    /// Whether the kernels take this format: 2- to 4-bit codes (8-bit caches keep the float
+    /// Whether the kernels take this format: 1- to 4-bit codes (8-bit caches keep the float
     /// kernels: at that rate the kernels' own rounding would rival the cache's), a width of
     /// whole 64-channel chunks (at most 512), maps over whole groups whose f16 words (at most
     /// [`MAP_WORDS`]) sit in the row's first 128 bytes.
     pub fn supported(&self) -> bool {
         let codes_fit = match self.codes {
             CodeLayout::Packed { at, bits } => {
-                matches!(bits, 2..=4) && at + self.width / 8 * bits as usize <= self.row_bytes
+                matches!(bits, 1..=4) && at + self.width / 8 * bits as usize <= self.row_bytes
             }
             CodeLayout::Nibbles { block_bytes, at } => {
                 (at + 16..=32).contains(&block_bytes)
@@ -450,7 +450,10 @@ impl Interleaving {
         for run in runs {
             let run_words: Vec<usize> = words(&run.format);
             let shares = |w: &Vec<usize>| w.iter().any(|x| run_words.contains(x));
-            if !run.format.supported() || maps.iter().any(|w| shares(w) && *w != run_words) {
+            // 1-bit runs (TurboQuant-prod's QJL signs) stay row by row: the interleaved
+            // kernels cut 2- to 4-bit codes.
+            let interleavable = run.format.supported() && run.format.code_bits() > 1;
+            if !interleavable || maps.iter().any(|w| shares(w) && *w != run_words) {
                 return None;
             }
             if !maps.contains(&run_words) {
@@ -1926,6 +1929,10 @@ mod avx512 {
             let q: [*const f32; SCORE_HEADS] = std::array::from_fn(|h| slot((h0 + h).min(h1 - 1)));
             let (q, s) = (&q[..h1 - h0], &mut scores[h0..h1]);
             match (q.len(), decoder.format.code_bits()) {
+                (1, 1) => score_heads::<1, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (2, 1) => score_heads::<2, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (3, 1) => score_heads::<3, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (_, 1) => score_heads::<4, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
                 (1, 2) => score_heads::<1, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
                 (2, 2) => score_heads::<2, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
                 (3, 2) => score_heads::<3, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
@@ -2207,6 +2214,18 @@ mod avx512 {
             }
             let accs = &mut accs[h0..h0 + heads];
             match (heads, format.code_bits()) {
+                (1, 1) => {
+                    sums_of_levels::<1, 1, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                (2, 1) => {
+                    sums_of_levels::<2, 1, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                (3, 1) => {
+                    sums_of_levels::<3, 1, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                (_, 1) => {
+                    sums_of_levels::<4, 1, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
                 (1, 4) => {
                     sums_of_nibbles::<1, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
                 }

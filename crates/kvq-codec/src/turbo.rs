@@ -7,7 +7,7 @@
 //! * `turbo2-prod`, `turbo3-prod`, `turbo4-prod` — **TurboQuant-prod** (Algorithm 2): a
 //!   `(b−1)`-bit mse stage on `u = x/n`, then the residual `r = u − Πᵀc[idx]` is sketched by one
 //!   QJL bit per coordinate, `qjl = sign(S·r)` with `S` a `d × d` matrix of i.i.d. N(0,1), and
-//!   `γ = ‖r‖` is stored. `x̃ = n·(Πᵀc[idx] + √(π/2)/d·γ·Sᵀqjl)`, and the inner-product estimate
+//!   `n·γ`, `γ = ‖r‖`, is stored. `x̃ = n·(Πᵀc[idx] + √(π/2)/d·γ·Sᵀqjl)`, and the inner-product estimate
 //!   `⟨q, x̃⟩ = n·(⟨Πq, c[idx]⟩ + √(π/2)/d·γ·⟨Sq, qjl⟩)` is unbiased over the draw of `S`.
 //!
 //! `Π` is the dense Haar rotation (QR of a Gaussian matrix, as in the paper) unless
@@ -17,7 +17,7 @@
 //! ## Attention on the encoded rows
 //! [`Codec::prepare_query`] rotates the query once per step (`Πq`, followed by `Sq` for prod, so
 //! [`Codec::query_len`] is `2d` for prod); [`Codec::score`] is then a codebook gather-dot over the
-//! packed indices times the stored norm (plus a ±1 dot times `γ` for prod) — no key is ever
+//! packed indices times the stored norm (plus a ±1 dot times `n·γ` for prod) — no key is ever
 //! rotated back. [`Codec::accumulate`] sums `w·n·c[idx]` in the rotated space (and `w·n·γ·qjl`
 //! in the sketch space for prod: [`Codec::accumulator_len`] is `2d`), and [`Codec::finish`]
 //! applies `Πᵀ` (and `√(π/2)/d·Sᵀ`) once.
@@ -46,7 +46,8 @@
 //! For each instance (one, or two for calibrated fractional rates, high set first):
 //! `[norm: f16][indices of coordinates 0..: packed LSB-first, see `bits`]` — for fractional
 //! uncalibrated rates the `d/2` indices of `b+1` bits come first, then the `d/2` of `b` bits.
-//! Prod appends `[γ: f16][d QJL sign bits, 1 = +1]`. Norms and `γ` are stored as **f16**; a row
+//! Prod appends `[n·γ: f16][d QJL sign bits, 1 = +1]` (the norm times `γ`, rounded once, so that
+//! the signs are a run with one scale like the indices). Norms and `n·γ` are stored as **f16**; a row
 //! whose norm overflows f16 (> 65504 after channel scaling) is rejected as non-finite.
 //!
 //! Exact bits per element (`head_dim` must be a multiple of 16, so every field is whole bytes):
@@ -96,8 +97,8 @@ pub struct TurboCodec {
     block_bytes: usize,
     /// The rows as 8-bit levels, for the single-codebook variants without QJL.
     levels: Option<LevelFormat>,
-    /// The runs of one codebook each as 8-bit levels, for the fractional rates without QJL
-    /// (empty unless every run is supported).
+    /// The runs of one codebook each as 8-bit levels, for the fractional rates, and for prod
+    /// its index runs and the QJL signs (empty unless every run is supported).
     segments: Vec<LevelSegment>,
 }
 
@@ -130,7 +131,7 @@ struct Segment {
 struct Qjl {
     /// Row-major `d × d` matrix `S` with i.i.d. N(0,1) entries.
     sketch: Vec<f32>,
-    /// Byte offset of the f16 `γ = ‖r‖` within a row.
+    /// Byte offset of the f16 QJL weight `n·γ` (the row's stored norm times `γ = ‖r‖`).
     gamma_offset: usize,
     /// Byte offset of the `d` packed sign bits within a row.
     signs_offset: usize,
@@ -343,7 +344,27 @@ impl TurboCodec {
             offset += 2 + bits::packed_len(head_dim, 1);
             qjl
         });
-        // Each run of one codebook: its codes as i8 table levels under the part's norm.
+        // Each run of one codebook: its codes as i8 table levels under the part's norm; for
+        // prod, the QJL signs (levels ±1) under the QJL weight, over the sketch coordinates.
+        let qjl_run = qjl.as_ref().map(|qjl| LevelSegment {
+            first: head_dim,
+            format: LevelFormat {
+                row_bytes: offset,
+                width: head_dim,
+                codes: CodeLayout::Packed {
+                    at: qjl.signs_offset,
+                    bits: 1,
+                },
+                maps: MapLayout {
+                    channels: head_dim,
+                    scale_at: qjl.gamma_offset,
+                    stride: 0,
+                    min_at: None,
+                    zero: 128.0,
+                },
+                table: Some(LevelTable::nearest(&SIGN_LEVELS[..2])),
+            },
+        });
         let runs: Vec<LevelSegment> = parts
             .iter()
             .flat_map(|part| {
@@ -367,8 +388,9 @@ impl TurboCodec {
                     },
                 })
             })
+            .chain(qjl_run)
             .collect();
-        let usable = qjl.is_none() && runs.iter().all(|r| r.format.supported());
+        let usable = runs.iter().all(|r| r.format.supported());
         let (levels, segments) = match &runs[..] {
             [run] if usable => (Some(run.format), Vec::new()),
             _ if usable => (None, runs),
@@ -392,9 +414,9 @@ impl TurboCodec {
         (std::f32::consts::FRAC_PI_2).sqrt() / self.head_dim as f32
     }
 
-    /// The weight of a row's QJL signs: `‖x‖·γ`, the row's norm times its residual's norm.
+    /// The weight of a row's QJL signs: `n·γ`, the row's norm times its residual's norm.
     fn qjl_weight(&self, row: &[u8], qjl: &Qjl) -> f32 {
-        read_f16(row, self.parts[0].norm_offset) * read_f16(row, qjl.gamma_offset)
+        read_f16(row, qjl.gamma_offset)
     }
 }
 
@@ -486,7 +508,8 @@ impl Codec for TurboCodec {
             let d = self.head_dim;
             let mut r = vec![0f32; d];
             self.parts[0].rotation.apply_transpose(&residual, &mut r);
-            write_f16(out, qjl.gamma_offset, norm(&r), 0)?;
+            let weight = read_f16(out, self.parts[0].norm_offset) * norm(&r);
+            write_f16(out, qjl.gamma_offset, weight, 0)?;
             let signs: Vec<u8> = qjl
                 .sketch
                 .chunks_exact(d)
@@ -818,7 +841,11 @@ mod tests {
             for bits in 2..=4u8 {
                 let prod = TurboCodec::prod(bits, head_dim, 0).unwrap();
                 assert_eq!(prod.bits_per_element(), f64::from(bits) + 2.0 * norm_bits);
-                assert_eq!(prod.query_len(), 2 * head_dim);
+                // The rotated query and its sketch, then the i8 form of each (two runs).
+                assert_eq!(
+                    prod.query_len(),
+                    2 * head_dim + 2 * levels::query_slots(head_dim)
+                );
                 assert_eq!(prod.accumulator_len(), 2 * head_dim);
             }
         }
