@@ -343,7 +343,7 @@ __device__ __forceinline__ void dec16(const u8* run, u32 row, int t, int c0, u32
     }
   } else if constexpr (Fast<S>::PROD) {
     // TurboQuant-prod, logical channels c0 .. c0+15 in pairs (c0 + w, c0 + w + 8): below HD the
-    // mse centroids times the norm, from HD on the QJL signs (±1) times norm·γ·√(π/2)/d.
+    // mse centroids times the norm, from HD on the QJL signs (±1) times the weight n·γ·√(π/2)/d.
     const int lane = threadIdx.x % 32;
     const u32 n = lds16(row), g = row + 2 + HD * S::B0 / 8;
     if (c0 < HD) {
@@ -358,7 +358,7 @@ __device__ __forceinline__ void dec16(const u8* run, u32 row, int t, int c0, u32
         o[w] = hmul2(lo | (hi << 16), n2);
       }
     } else {
-      const u32 s2 = dup16(f2h32(h2f((u16)n) * S::QJL * h2f((u16)lds16(g))));
+      const u32 s2 = dup16(f2h32(S::QJL * h2f((u16)lds16(g))));
       const u32 bits = prmt(lds16(g + 2 + (c0 - HD) / 8), 0u, 0x4140u);  // bytes 0, 1 → 0, 2
 #pragma unroll
       for (int w = 0; w < 8; w++) o[w] = hmul2(((bits << (15 - w)) & 0x80008000u) ^ 0xBC00BC00u, s2);
@@ -591,7 +591,8 @@ __device__ void encode_block(const float* rows, u8* out, const float* rot) {
     pack_codes(codes, T * HD, S::BITS, out + params);
   } else if constexpr (S::KIND == KIND_TURBO || S::KIND == KIND_PROD) {
     // As kvq-codec turbo.rs: n = ‖x‖ in f64; unit = x / n; y = Π·unit; nearest centroid per
-    // coordinate. Prod adds the residual r = Πᵀ(y − c[idx]), γ = ‖r‖ and the signs of S·r (rot is
+    // coordinate. Prod adds the residual r = Πᵀ(y − c[idx]), the QJL weight n·γ (the stored norm
+    // times γ = ‖r‖, rounded once) and the signs of S·r (rot is
     // [Π; S] as the codec scales it, 2·HD rows). Sums run in index order without contraction (the
     // codec's scalar order); its vector kernels may round differently, so a code or sign at a
     // rounding boundary can differ from the CPU's (the tests accept blocks that decode with the
@@ -628,7 +629,7 @@ __device__ void encode_block(const float* rows, u8* out, const float* rot) {
       if (c == 0) {
         double tot = 0.0;
         for (int i = 0; i < HD; i++) tot = __dadd_rn(tot, __dmul_rn((double)vec[i], (double)vec[i]));
-        st16(out + 2 + HD * S::B0 / 8, f2h32((float)sqrt(tot)));
+        st16(out + 2 + HD * S::B0 / 8, f2h32(__fmul_rn(h2f(ld16(out)), (float)sqrt(tot))));
       }
       float dot = 0.0f;
       for (int i = 0; i < HD; i++) dot = __fadd_rn(dot, __fmul_rn(rot[(HD + c) * HD + i], vec[i]));

@@ -32,7 +32,7 @@ pub struct RoleLayout {
     /// Length of the prepared query and of the value accumulator: `d`, or `2d` for
     /// TurboQuant-prod (rotated coordinates, then sketch coordinates).
     logical: usize,
-    /// TurboQuant-prod: the factor of a row's QJL signs besides `norm·γ` in the score (keys) or
+    /// TurboQuant-prod: the factor of a row's QJL signs besides its weight `n·γ` in the score (keys) or
     /// in the accumulator (values), read from the codec.
     qjl_scale: f32,
     /// Oaken: thresholds (lo_outer, lo_inner, hi_inner, hi_outer) and sparse capacity.
@@ -183,7 +183,7 @@ impl RoleLayout {
                 }
             }
         }
-        // Prod: a row of norm 1, γ = 1 and every sign +1 scores 1 on the first sketch
+        // Prod: a row of norm 1, QJL weight 1 and every sign +1 scores 1 on the first sketch
         // coordinate and adds 1 to it, times the factor the codec applies there.
         let qjl_scale = if prod {
             let mut block = vec![0u8; codec.block_bytes()];
