@@ -363,7 +363,7 @@ impl Codec for GgmlCodec {
     }
 
     /// Types with a minimum append each 32-block's query sum, which the `m` term needs; the
-    /// 4-bit types (`q4_0`, `q4_1`, `iq4_nl`) the i8 query of the integer kernels.
+    /// 4- and 5-bit types the i8 query of the integer kernels.
     fn query_len(&self) -> usize {
         let sums = if self.ty.has_min() {
             self.blocks_per_row()
@@ -391,11 +391,15 @@ impl Codec for GgmlCodec {
 
     fn level_format(&self) -> Option<LevelFormat> {
         let bb = self.ty.block_bytes();
-        let (nibbles_at, min_at, zero, table) = match self.ty {
-            GgmlType::Q4_0 => (2, None, 8.0, None),
-            GgmlType::Q4_1 => (4, Some(2), 0.0, None),
+        // (nibbles, fifth bits, minimum) within a block, the level of 0, the table.
+        let (at, high_at, min_at, zero, table) = match self.ty {
+            GgmlType::Q4_0 => (2, None, None, 8.0, None),
+            GgmlType::Q4_1 => (4, None, Some(2), 0.0, None),
+            GgmlType::Q5_0 => (6, Some(2), None, 16.0, None),
+            GgmlType::Q5_1 => (8, Some(4), Some(2), 0.0, None),
             GgmlType::Iq4Nl => (
                 2,
+                None,
                 None,
                 128.0,
                 Some(LevelTable {
@@ -403,14 +407,15 @@ impl Codec for GgmlCodec {
                     unit: 1.0,
                 }),
             ),
-            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q5_1 => return None,
+            GgmlType::Q8_0 => return None,
         };
         Some(LevelFormat {
             row_bytes: self.block_bytes(),
             width: self.head_dim,
             codes: CodeLayout::Nibbles {
                 block_bytes: bb,
-                at: nibbles_at,
+                at,
+                high_at,
             },
             maps: MapLayout {
                 channels: QK,

@@ -70,14 +70,17 @@ pub enum CodeLayout {
         /// Code width.
         bits: u32,
     },
-    /// llama.cpp's 4-bit blocks (`q4_0`, `q4_1`, `iq4_nl`): per 32 channels a block of
-    /// `block_bytes` whose 16 bytes from byte `at` hold channel `j` in the low nibble of byte
-    /// `j` and channel `j + 16` in its high nibble.
+    /// llama.cpp's 4- and 5-bit blocks (`q4_0`, `q4_1`, `iq4_nl`, `q5_0`, `q5_1`): per 32
+    /// channels a block of `block_bytes` whose 16 bytes from byte `at` hold channel `j` in the
+    /// low nibble of byte `j` and channel `j + 16` in its high nibble; for 5-bit codes, bit `j`
+    /// of the little-endian u32 at byte `high_at` is channel `j`'s fifth bit.
     Nibbles {
         /// Bytes per block of 32 channels (at most 32).
         block_bytes: usize,
         /// Byte of a block where its nibbles begin.
         at: usize,
+        /// Byte of a block where its fifth bits begin (5-bit codes), or `None`.
+        high_at: Option<usize>,
     },
 }
 
@@ -141,7 +144,7 @@ impl LevelFormat {
     pub fn code_bits(&self) -> u32 {
         match self.codes {
             CodeLayout::Packed { bits, .. } => bits,
-            CodeLayout::Nibbles { .. } => 4,
+            CodeLayout::Nibbles { high_at, .. } => 4 + u32::from(high_at.is_some()),
         }
     }
 
@@ -160,7 +163,9 @@ impl LevelFormat {
     pub fn stream_byte(&self, i: usize) -> usize {
         match self.codes {
             CodeLayout::Packed { at, .. } => at + i,
-            CodeLayout::Nibbles { block_bytes, at } => block_bytes * (i / 16) + at + i % 16,
+            CodeLayout::Nibbles {
+                block_bytes, at, ..
+            } => block_bytes * (i / 16) + at + i % 16,
         }
     }
 
@@ -190,10 +195,10 @@ impl LevelFormat {
 
     /// The channel that byte `i` of the i8 query ([`quantize_query`]) multiplies. The score
     /// kernel takes each group's codes 4 at a time from the stream's 32-bit words: 4
-    /// consecutive positions, but for 4-bit codes the low nibbles of a word's 4 bytes and then
+    /// consecutive positions, but for 4- and 5-bit codes the low nibbles of a word's 4 bytes and then
     /// their high nibbles (positions `8w, 8w+2, 8w+4, 8w+6`, then `8w+1, …`).
     pub fn query_channel(&self, i: usize) -> usize {
-        let position = if self.code_bits() == 4 {
+        let position = if self.code_bits() >= 4 {
             8 * (i / 8) + (i / 4) % 2 + 2 * (i % 4)
         } else {
             i
@@ -219,8 +224,13 @@ impl LevelFormat {
             CodeLayout::Packed { at, bits } => {
                 matches!(bits, 1..=4) && at + self.width / 8 * bits as usize <= self.row_bytes
             }
-            CodeLayout::Nibbles { block_bytes, at } => {
+            CodeLayout::Nibbles {
+                block_bytes,
+                at,
+                high_at,
+            } => {
                 (at + 16..=32).contains(&block_bytes)
+                    && high_at.is_none_or(|h| h + 4 <= block_bytes)
                     && self.width / GROUP * block_bytes <= self.row_bytes
             }
         };
@@ -450,9 +460,9 @@ impl Interleaving {
         for run in runs {
             let run_words: Vec<usize> = words(&run.format);
             let shares = |w: &Vec<usize>| w.iter().any(|x| run_words.contains(x));
-            // 1-bit runs (TurboQuant-prod's QJL signs) stay row by row: the interleaved
-            // kernels cut 2- to 4-bit codes.
-            let interleavable = run.format.supported() && run.format.code_bits() > 1;
+            // 1- and 5-bit runs (TurboQuant-prod's QJL signs, q5_0/q5_1) stay row by row:
+            // the interleaved kernels cut 2- to 4-bit codes.
+            let interleavable = run.format.supported() && (2..=4).contains(&run.format.code_bits());
             if !interleavable || maps.iter().any(|w| shares(w) && *w != run_words) {
                 return None;
             }
@@ -1072,6 +1082,8 @@ mod avx512 {
         tail_load: [__mmask64; 2],
         /// llama.cpp blocks: the permutation of the two loads that leaves the nibble bytes.
         compact: Option<__m512i>,
+        /// 5-bit llama.cpp blocks: the bytes per block and where in a block its fifth bits are.
+        high: Option<(usize, usize)>,
         /// Bytes from a chunk's source to its second 64 channels, the mask that loads 64
         /// channels, and the pair permutation (see `pair_permute`) of such loads.
         half_step: usize,
@@ -1144,7 +1156,16 @@ mod avx512 {
                 half_load: first_bytes(half_step),
                 nibble_pairs,
                 level_pairs: [pair_permute(|b| b), pair_permute(|b| 32 + b)],
-                code_mask: _mm512_set1_epi8(((1u32 << b) - 1) as i8),
+                // The low four bits of 5-bit codes; their fifth bits come apart.
+                code_mask: _mm512_set1_epi8(((1u32 << b.min(4)) - 1) as i8),
+                high: match format.codes {
+                    CodeLayout::Nibbles {
+                        block_bytes,
+                        high_at: Some(at),
+                        ..
+                    } => Some((block_bytes, at)),
+                    _ => None,
+                },
                 table: format.table.map(|t| {
                     let biased: [u8; 16] = std::array::from_fn(|i| (t.levels[i] as u8) ^ 0x80);
                     _mm512_broadcast_i32x4(_mm_loadu_si128(biased.as_ptr() as *const _))
@@ -1152,11 +1173,17 @@ mod avx512 {
                 table8: format
                     .table
                     .map(|t| bytes(std::array::from_fn(|i| (t.levels[i % 8] as u8) ^ 0x80))),
-                // Qword k holds the `b` bytes of codes 8k..8k+8; code m sits at bit m·b.
-                permute: bytes(std::array::from_fn(|j| {
-                    ((j / 8) * b + (j % 8).min(b - 1)) as u8
+                // Packed codes: qword k holds the `b` bytes of codes 8k..8k+8; code m sits at
+                // bit m·b. 5-bit blocks: byte j holds the byte of channel j's nibble (two
+                // blocks from the half's start), shifted by 4 for the high nibbles.
+                permute: bytes(std::array::from_fn(|j| match format.codes {
+                    CodeLayout::Nibbles { .. } => (format.stream_byte(j / 32 * 16 + j % 16)) as u8,
+                    CodeLayout::Packed { .. } => ((j / 8) * b + (j % 8).min(b - 1)) as u8,
                 })),
-                shifts: bytes(std::array::from_fn(|j| ((j % 8) * b) as u8)),
+                shifts: bytes(std::array::from_fn(|j| match format.codes {
+                    CodeLayout::Nibbles { .. } => (8 * (j % 8) + 4 * (j % 32 / 16)) as u8,
+                    CodeLayout::Packed { .. } => ((j % 8) * b) as u8,
+                })),
                 gather: format.map_words() <= 2,
                 words: bytes(words),
                 row_lo: first_bytes(format.row_bytes),
@@ -1216,14 +1243,29 @@ mod avx512 {
         unsafe fn cut_group<const B: usize>(&self, words: &impl Words, g: usize) -> [__m512i; 8] {
             let mut out = [_mm512_setzero_si512(); 8];
             for (k, o) in out.iter_mut().enumerate() {
-                if B == 4 {
+                if B >= 4 {
                     let word = words.word(4 * g + k / 2);
                     let codes = if k % 2 == 0 {
                         word
                     } else {
                         _mm512_srli_epi32::<4>(word)
                     };
-                    *o = self.level(_mm512_and_si512(codes, self.code_mask));
+                    let mut codes = _mm512_and_si512(codes, self.code_mask);
+                    if B == 5 {
+                        // The fifth bits of this cut's channels, `4(k/2) + 16(k mod 2) + i`
+                        // of the group (word 16 + g, `Source::words`), to bit 4 of byte i.
+                        let control = (0..8).fold(0i64, |c, j| {
+                            let bit = 32 * (j / 4) + 4 * (k / 2) + 16 * (k % 2) + j % 4;
+                            c | ((((bit + 60) % 64) as i64) << (8 * j))
+                        });
+                        let high = _mm512_multishift_epi64_epi8(
+                            _mm512_set1_epi64(control),
+                            words.word(16 + g),
+                        );
+                        codes =
+                            _mm512_or_si512(codes, _mm512_and_si512(high, _mm512_set1_epi8(16)));
+                    }
+                    *o = self.level(codes);
                     continue;
                 }
                 let offset = 4 * B * k;
@@ -1272,7 +1314,15 @@ mod avx512 {
                 _mm512_multishift_epi64_epi8(self.shifts, placed),
                 self.code_mask,
             );
-            self.level(codes)
+            let Some((block_bytes, at)) = self.high else {
+                return self.level(codes);
+            };
+            // The two blocks' fifth bits, one per channel, as a byte mask.
+            let p = stream.add((h / 2) * self.stream_step + (h % 2) * self.half_step + at);
+            let bits = (p as *const u32).read_unaligned() as u64
+                | ((p.add(block_bytes) as *const u32).read_unaligned() as u64) << 32;
+            let fifth = _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(16));
+            self.level(_mm512_or_si512(codes, fifth))
         }
 
         /// Decodes the maps of `rows` (at most `TILE_ROWS`) into `tile`.
@@ -1419,11 +1469,21 @@ mod avx512 {
         unsafe fn word(&self, j: usize) -> __m512i;
     }
 
-    /// Words transposed in registers.
-    impl Words for [__m512i; 16] {
+    /// A chunk's words transposed in registers; for 5-bit codes, words 16.. hold the fifth
+    /// bits of the chunk's blocks (one little-endian u32 per block and row).
+    pub struct RowWords {
+        words: [__m512i; 16],
+        fifth: [__m512i; 4],
+    }
+
+    impl Words for RowWords {
         #[inline(always)]
         unsafe fn word(&self, j: usize) -> __m512i {
-            self[j]
+            if j < 16 {
+                self.words[j]
+            } else {
+                self.fifth[j - 16]
+            }
         }
     }
 
@@ -1473,7 +1533,24 @@ mod avx512 {
         ) -> Self::Words {
             let streams: [__m512i; 16] =
                 std::array::from_fn(|r| decoder.stream(self.row(block + r), c));
-            transpose16(&streams)
+            let mut fifth = [_mm512_setzero_si512(); 4];
+            if B == 5 {
+                let (block_bytes, at) = decoder.high.expect("5-bit codes have fifth bits");
+                let last = self.rows() - 1;
+                let offsets: [i32; 16] =
+                    std::array::from_fn(|r| ((block + r).min(last) * self.row_bytes) as i32);
+                let offsets = _mm512_loadu_si512(offsets.as_ptr() as *const _);
+                let base = self.rows.as_ptr().add(c * decoder.stream_step + at);
+                let blocks = if decoder.is_tail(c) { 2 } else { 4 };
+                for (b, word) in fifth[..blocks].iter_mut().enumerate() {
+                    let at = base.add(b * block_bytes) as *const i32;
+                    *word = _mm512_i32gather_epi32::<1>(offsets, at as *const _);
+                }
+            }
+            RowWords {
+                words: transpose16(&streams),
+                fifth,
+            }
         }
 
         /// Loads the half of 4 rows and interleaves them byte-wise (a byte permutation of
@@ -1499,7 +1576,7 @@ mod avx512 {
             ]
         }
 
-        type Words = [__m512i; 16];
+        type Words = RowWords;
 
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
@@ -1619,6 +1696,7 @@ mod avx512 {
             words: &Self::Words,
             local: usize,
         ) -> [__m512i; 8] {
+            debug_assert!(B <= 4, "interleaved blocks hold 2- to 4-bit codes");
             if B == 4 {
                 return decoder.cut_group::<4>(words, local);
             }
@@ -1929,6 +2007,10 @@ mod avx512 {
             let q: [*const f32; SCORE_HEADS] = std::array::from_fn(|h| slot((h0 + h).min(h1 - 1)));
             let (q, s) = (&q[..h1 - h0], &mut scores[h0..h1]);
             match (q.len(), decoder.format.code_bits()) {
+                (1, 5) => score_heads::<1, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (2, 5) => score_heads::<2, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (3, 5) => score_heads::<3, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (_, 5) => score_heads::<4, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
                 (1, 1) => score_heads::<1, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
                 (2, 1) => score_heads::<2, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
                 (3, 1) => score_heads::<3, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
@@ -2214,6 +2296,18 @@ mod avx512 {
             }
             let accs = &mut accs[h0..h0 + heads];
             match (heads, format.code_bits()) {
+                (1, 5) => {
+                    sums_of_levels::<1, 5, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                (2, 5) => {
+                    sums_of_levels::<2, 5, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                (3, 5) => {
+                    sums_of_levels::<3, 5, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
+                (_, 5) => {
+                    sums_of_levels::<4, 5, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+                }
                 (1, 1) => {
                     sums_of_levels::<1, 1, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
                 }
@@ -2452,13 +2546,20 @@ mod tests {
     fn level(format: &LevelFormat, row: &[u8], c: usize) -> u8 {
         let code = match format.codes {
             CodeLayout::Packed { at, bits } => crate::bits::get(&row[at..], bits, c),
-            CodeLayout::Nibbles { block_bytes, at } => {
-                let byte = row[block_bytes * (c / 32) + at + c % 16];
-                if c % 32 < 16 {
-                    byte & 15
-                } else {
-                    byte >> 4
-                }
+            CodeLayout::Nibbles {
+                block_bytes,
+                at,
+                high_at,
+            } => {
+                let block = &row[block_bytes * (c / 32)..];
+                let byte = block[at + c % 16];
+                let nibble = if c % 32 < 16 { byte & 15 } else { byte >> 4 };
+                let fifth = high_at.map_or(0, |h| {
+                    let bits =
+                        u32::from_le_bytes([block[h], block[h + 1], block[h + 2], block[h + 3]]);
+                    (bits >> (c % 32) & 1) as u8
+                });
+                nibble | fifth << 4
             }
         };
         match format.table {
@@ -2634,6 +2735,8 @@ mod tests {
             "q4_0",
             "q4_1",
             "iq4_nl",
+            "q5_0",
+            "q5_1",
             "int4",
             "int3",
             "int2",
@@ -2650,8 +2753,6 @@ mod tests {
         for not in [
             "int8",
             "q8_0",
-            "q5_0",
-            "q5_1",
             "kivi4",
             "turbo3.5",
             "turbo3-prod",

@@ -25,8 +25,10 @@ fn wrapped_codecs() -> Vec<Wrapped> {
                 };
                 let wrapped = interleave(inner, role);
                 // The interleaved kernels cut 2- to 4-bit codes: 1-bit runs (prod's QJL
-                // signs) stay row by row.
-                let cut = |f: &kvq_codec::levels::LevelFormat| f.supported() && f.code_bits() > 1;
+                // signs) and 5-bit ones (q5_0, q5_1) stay row by row.
+                let cut = |f: &kvq_codec::levels::LevelFormat| {
+                    f.supported() && (2..=4).contains(&f.code_bits())
+                };
                 let segments = plain.level_segments();
                 let levels = plain.level_format().is_some_and(|f| cut(&f))
                     || (!segments.is_empty() && segments.iter().all(|s| cut(&s.format)));
