@@ -1,7 +1,7 @@
 //! Integer group kernels: attention's two inner loops on small integer codes, with AVX-512
 //! VNNI.
 //!
-//! A codec whose working rows are 1- to 4-bit codes under one affine map per group of channels
+//! A codec whose working rows are 1- to 5-bit codes under one affine map per group of channels
 //! describes where its bytes keep them with a [`LevelFormat`] ([`crate::Codec::level_format`]).
 //! The default group kernels ([`crate::tile`]) then compute on the codes with `vpdpbusd`:
 //! 64 products of u8 levels × i8 values summed into 16 i32 lanes per instruction, where the
@@ -16,7 +16,8 @@
 //!   codes ([`LevelFormat::query_channel`]). The code streams of 16 rows are transposed as
 //!   32-bit words, straight from the cache, so that each lane holds one row; every 4 codes are
 //!   then cut out (a mask and a shift for nibbles, per-byte bit shifts with `vpmultishiftqb`
-//!   for 1 to 3 bits), and each instruction adds 4 channels of 16 rows.
+//!   for 1 to 3 bits; 5-bit codes add their fifth bit to the nibble), and each instruction
+//!   adds 4 channels of 16 rows.
 //! * Sums: per tile of [`TILE_ROWS`] rows, head and map, the weights times the rows' scales
 //!   are rounded to i8 against their largest magnitude. Four rows are interleaved byte-wise so
 //!   that each lane holds one channel of 4 rows: 4-bit streams straight from the cache (both
@@ -215,7 +216,7 @@ impl LevelFormat {
         }
     }
 
-    /// Whether the kernels take this format: 1- to 4-bit codes (8-bit caches keep the float
+    /// Whether the kernels take this format: 1- to 5-bit codes (8-bit caches keep the float
     /// kernels: at that rate the kernels' own rounding would rival the cache's), a width of
     /// whole 64-channel chunks (at most 512), maps over whole groups whose f16 words (at most
     /// [`MAP_WORDS`]) sit in the row's first 128 bytes.
