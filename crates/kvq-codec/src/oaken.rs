@@ -175,10 +175,14 @@ enum Slot {
 struct TokenTables {
     /// Reconstructed value of each middle code (threshold added back).
     middle: [f32; 16],
-    /// A sparse entry's value is `base[k] + magnitude·step[k]`, `k` its group and sign bits
-    /// (`entry >> 6`: inner/outer, then positive/negative), without a branch.
-    outlier_base: [f32; 4],
-    outlier_step: [f32; 4],
+    outliers: OutlierTable,
+}
+
+/// A sparse entry's value is `base[k] + magnitude·step[k]`, `k` its group and sign bits
+/// (`entry >> 6`: inner/outer, then positive/negative), without a branch.
+struct OutlierTable {
+    base: [f32; 4],
+    step: [f32; 4],
 }
 
 fn f16_at(row: &[u8], i: usize) -> f32 {
@@ -189,6 +193,55 @@ fn f16_at(row: &[u8], i: usize) -> f32 {
 fn round_up_ties(x: f32) -> usize {
     let whole = x as usize;
     whole + usize::from(x - whole as f32 >= 0.5)
+}
+
+/// [`MiddleGrid::new`] of up to 16 rows of `rows` (`block_bytes` apart) at once, with the
+/// same operations lane by lane, into `grids`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn middle_grids(rows: &[u8], block_bytes: usize, grids: &mut [MiddleGrid; 16]) {
+    use std::arch::x86_64::*;
+    let n = (rows.len() / block_bytes).min(16);
+    let (mut lo, mut hi) = ([0f32; 16], [0f32; 16]);
+    for r in 0..n {
+        let row = &rows[r * block_bytes..];
+        (lo[r], hi[r]) = (f16_at(row, 0), f16_at(row, 1));
+    }
+    let (lo, hi) = (_mm512_loadu_ps(lo.as_ptr()), _mm512_loadu_ps(hi.as_ptr()));
+    let zero = _mm512_setzero_ps();
+    let negative_lo = _mm512_xor_ps(lo, _mm512_set1_ps(-0.0));
+    let width = _mm512_sub_ps(hi, lo);
+    // round_up_ties(16·(−lo)/(hi − lo)), clamped to 1..=15.
+    let x = _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(16.0), negative_lo), width);
+    let whole = _mm512_cvttps_epu32(x);
+    let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(
+        _mm512_sub_ps(x, _mm512_cvtepu32_ps(whole)),
+        _mm512_set1_ps(0.5),
+    );
+    let rounded = _mm512_mask_add_epi32(whole, up, whole, _mm512_set1_epi32(1));
+    let z = _mm512_min_epu32(
+        _mm512_max_epu32(rounded, _mm512_set1_epi32(1)),
+        _mm512_set1_epi32(15),
+    );
+    let zf = _mm512_cvtepu32_ps(z);
+    let step = _mm512_max_ps(
+        _mm512_div_ps(negative_lo, zf),
+        _mm512_div_ps(hi, _mm512_sub_ps(_mm512_set1_ps(16.0), zf)),
+    );
+    let (mut zs, mut steps) = ([0u32; 16], [0f32; 16]);
+    _mm512_storeu_si512(zs.as_mut_ptr() as *mut _, z);
+    _mm512_storeu_ps(steps.as_mut_ptr(), step);
+    let flat = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(width, zero);
+    for (r, grid) in grids.iter_mut().enumerate().take(n) {
+        *grid = if flat & (1 << r) != 0 {
+            MiddleGrid::new(0.0, 0.0)
+        } else {
+            MiddleGrid {
+                zero_code: zs[r] as usize,
+                step: steps[r],
+            }
+        };
+    }
 }
 
 /// The smallest f16 `≥ x` for `x ≥ 0` (infinite when `x` exceeds f16's range).
@@ -351,11 +404,18 @@ impl OakenCodec {
             };
             *m = grid.level(q) + threshold;
         }
-        let (outer_step, inner_step) = (f16_at(row, 2) / 15.0, f16_at(row, 3) / 15.0);
         TokenTables {
             middle,
-            outlier_base: [0.0, t.hi_outer, 0.0, t.lo_outer],
-            outlier_step: [inner_step, outer_step, -inner_step, -outer_step],
+            outliers: self.outlier_table(row),
+        }
+    }
+
+    fn outlier_table(&self, row: &[u8]) -> OutlierTable {
+        let t = &self.thresholds;
+        let (outer_step, inner_step) = (f16_at(row, 2) / 15.0, f16_at(row, 3) / 15.0);
+        OutlierTable {
+            base: [0.0, t.hi_outer, 0.0, t.lo_outer],
+            step: [inner_step, outer_step, -inner_step, -outer_step],
         }
     }
 
@@ -363,7 +423,7 @@ impl OakenCodec {
     fn for_each_outlier(
         &self,
         row: &[u8],
-        tables: &TokenTables,
+        table: &OutlierTable,
         mut f: impl FnMut(usize, u8, f32),
     ) {
         let dense = &row[self.dense_offset()..self.sparse_offset()];
@@ -373,9 +433,105 @@ impl OakenCodec {
                 let i = span * SPAN + usize::from(entry & (GROUP_BIT - 1));
                 let code = (dense[i / 2] >> (4 * (i % 2))) & 15;
                 let k = usize::from(entry >> 6);
-                let value = tables.outlier_base[k] + f32::from(code) * tables.outlier_step[k];
-                f(i, code, value);
+                f(i, code, table.base[k] + f32::from(code) * table.step[k]);
             }
+        }
+    }
+
+    /// [`Codec::decode`] of one row whose grid is `grid`, with AVX-512: the 16 middle levels
+    /// in one vector (the same operations as [`MiddleGrid::level`]), the dense nibbles through
+    /// it with `vpermps`, then the sparse entries over them.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512vl")]
+    unsafe fn decode_avx512(&self, row: &[u8], grid: MiddleGrid, out: &mut [f32]) {
+        use std::arch::x86_64::*;
+        assert!(self.head_dim.is_multiple_of(16) && out.len() == self.head_dim);
+        let t = &self.thresholds;
+        let codes = _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        );
+        let zero_code = _mm512_set1_ps(grid.zero_code as f32);
+        let levels = _mm512_mul_ps(
+            _mm512_add_ps(_mm512_sub_ps(codes, zero_code), _mm512_set1_ps(0.5)),
+            _mm512_set1_ps(grid.step),
+        );
+        let high = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(codes, zero_code);
+        let thresholds =
+            _mm512_mask_blend_ps(high, _mm512_set1_ps(t.lo_inner), _mm512_set1_ps(t.hi_inner));
+        let middle = _mm512_add_ps(levels, thresholds);
+        // Element 2j is the low nibble of dense byte j, 2j + 1 its high nibble.
+        let shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+        let dense = row.as_ptr().add(self.dense_offset());
+        for j in 0..self.head_dim / 16 {
+            let bytes = _mm_loadl_epi64(dense.add(8 * j) as *const __m128i);
+            let lanes = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, bytes));
+            let nibbles = _mm512_and_si512(_mm512_srlv_epi32(lanes, shifts), _mm512_set1_epi32(15));
+            let values = _mm512_permutexvar_ps(nibbles, middle);
+            _mm512_storeu_ps(out.as_mut_ptr().add(16 * j), values);
+        }
+        let table = self.outlier_table(row);
+        let capacity = self.outlier_capacity;
+        if self.head_dim > 256 || capacity > 32 || !capacity.is_multiple_of(4) {
+            self.for_each_outlier(row, &table, |i, _, value| out[i] = value);
+            return;
+        }
+        // The sparse entries 16 at a time: element `span·64 + index`, its dense code (nibble
+        // `i mod 8` of dense dword `i/8`), its value `base[k] + code·step[k]`, scattered.
+        // Masked dword loads straight from the row (a copy to the stack first stalled on
+        // store forwarding).
+        let lanes = |n: usize| -> __mmask16 { ((1u32 << n.min(16)) - 1) as __mmask16 };
+        let dense = row.as_ptr().add(self.dense_offset()) as *const i32;
+        let dense_dwords = self.head_dim / 8;
+        let dense_words = [
+            _mm512_maskz_loadu_epi32(lanes(dense_dwords), dense),
+            _mm512_maskz_loadu_epi32(
+                lanes(dense_dwords.saturating_sub(16)),
+                dense.wrapping_add(16),
+            ),
+        ];
+        let entries = row.as_ptr().add(self.sparse_offset()) as *const i32;
+        let mut ends = [0u32; 4];
+        let mut total = 0;
+        for (end, &count) in ends
+            .iter_mut()
+            .zip(&row[META_BYTES..META_BYTES + self.spans])
+        {
+            total += u32::from(count);
+            *end = total;
+        }
+        let base = _mm512_castps128_ps512(_mm_loadu_ps(table.base.as_ptr()));
+        let step = _mm512_castps128_ps512(_mm_loadu_ps(table.step.as_ptr()));
+        for chunk in 0..capacity.div_ceil(16) {
+            let dwords = (capacity / 4 - 4 * chunk).min(4);
+            let bytes = _mm_maskz_loadu_epi32(lanes(dwords) as __mmask8, entries.add(4 * chunk));
+            let e = _mm512_cvtepu8_epi32(bytes);
+            let j = _mm512_add_epi32(
+                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                _mm512_set1_epi32(16 * chunk as i32),
+            );
+            let live = _mm512_cmplt_epu32_mask(j, _mm512_set1_epi32(total as i32));
+            let mut span = _mm512_setzero_si512();
+            for &end in &ends[..self.spans - 1] {
+                let past = _mm512_cmpge_epu32_mask(j, _mm512_set1_epi32(end as i32));
+                span = _mm512_mask_add_epi32(span, past, span, _mm512_set1_epi32(1));
+            }
+            let i = _mm512_add_epi32(
+                _mm512_and_si512(e, _mm512_set1_epi32(i32::from(GROUP_BIT - 1))),
+                _mm512_slli_epi32::<6>(span),
+            );
+            let word = _mm512_permutex2var_epi32(
+                dense_words[0],
+                _mm512_srli_epi32::<3>(i),
+                dense_words[1],
+            );
+            let shift = _mm512_slli_epi32::<2>(_mm512_and_si512(i, _mm512_set1_epi32(7)));
+            let code = _mm512_and_si512(_mm512_srlv_epi32(word, shift), _mm512_set1_epi32(15));
+            let k = _mm512_srli_epi32::<6>(e);
+            let value = _mm512_add_ps(
+                _mm512_permutexvar_ps(k, base),
+                _mm512_mul_ps(_mm512_cvtepi32_ps(code), _mm512_permutexvar_ps(k, step)),
+            );
+            _mm512_mask_i32scatter_ps::<4>(out.as_mut_ptr() as *mut _, live, i, value);
         }
     }
 }
@@ -471,7 +627,32 @@ impl Codec for OakenCodec {
         let dense = &block[self.dense_offset()..self.sparse_offset()];
         rows.fill(0.0);
         simd::axpy_lut(dense, 4, &tables.middle, 1.0, rows);
-        self.for_each_outlier(block, &tables, |i, _, value| rows[i] = value);
+        self.for_each_outlier(block, &tables.outliers, |i, _, value| rows[i] = value);
+    }
+
+    /// Rows as [`Codec::decode`] gives them, with AVX-512 where the CPU has it (the attention
+    /// kernels' tiles).
+    fn decode_working(&self, blocks: &[u8], rows: &mut [f32]) {
+        let pairs = blocks
+            .chunks_exact(self.block_bytes())
+            .zip(rows.chunks_exact_mut(self.head_dim));
+        #[cfg(target_arch = "x86_64")]
+        if simd::use_avx512() && self.head_dim.is_multiple_of(16) {
+            let mut grids = [MiddleGrid::new(0.0, 0.0); 16];
+            for (i, (row, out)) in pairs.enumerate() {
+                if i % 16 == 0 {
+                    let rows = &blocks[i * self.block_bytes()..];
+                    // SAFETY: the CPU has AVX-512F/DQ.
+                    unsafe { middle_grids(rows, self.block_bytes(), &mut grids) };
+                }
+                // SAFETY: as above (AVX-512F/VL); `row` is one block, `out` one row.
+                unsafe { self.decode_avx512(row, grids[i % 16], out) };
+            }
+            return;
+        }
+        for (row, out) in pairs {
+            self.decode(row, out);
+        }
     }
 
     fn score(&self, prepared_query: &[f32], blocks: &[u8], scores: &mut [f32]) {
@@ -483,7 +664,7 @@ impl Codec for OakenCodec {
                 total += q[0] * tables.middle[usize::from(byte & 15)]
                     + q[1] * tables.middle[usize::from(byte >> 4)];
             }
-            self.for_each_outlier(row, &tables, |i, code, value| {
+            self.for_each_outlier(row, &tables.outliers, |i, code, value| {
                 total += prepared_query[i] * (value - tables.middle[usize::from(code)]);
             });
             *score = total;
@@ -498,7 +679,7 @@ impl Codec for OakenCodec {
                 a[0] += w * tables.middle[usize::from(byte & 15)];
                 a[1] += w * tables.middle[usize::from(byte >> 4)];
             }
-            self.for_each_outlier(row, &tables, |i, code, value| {
+            self.for_each_outlier(row, &tables.outliers, |i, code, value| {
                 acc[i] += w * (value - tables.middle[usize::from(code)]);
             });
         }
@@ -718,6 +899,39 @@ mod tests {
         // Demoted inner values sit half a middle step beyond their nearer inner threshold.
         assert!((back[7] - (t.hi_inner + middle)).abs() < 1e-5);
         assert!((back[8] - (t.lo_inner - middle)).abs() < 1e-5);
+    }
+
+    /// The attention tiles' decode (AVX-512 where the CPU has it) gives `decode`'s values
+    /// bit for bit: middle levels, the outliers over them, tokens over capacity included.
+    #[test]
+    fn working_rows_equal_decoded_rows() {
+        for (head_dim, capacity) in [(64, 8), (128, 16), (128, 2), (128, 48), (256, 32)] {
+            let codec = OakenCodec::new(thresholds(), head_dim, capacity).unwrap();
+            // Gaussian rows, then rows of zeros, of one sign, and of one value (flat grids,
+            // one-branch grids).
+            let mut rows = sample_rows(36, head_dim, 21);
+            rows.extend(std::iter::repeat_n(0.0, head_dim));
+            rows.extend((0..head_dim).map(|c| 0.2 + c as f32 * 0.01));
+            rows.extend((0..head_dim).map(|c| -0.3 - c as f32 * 0.02));
+            rows.extend(std::iter::repeat_n(0.05, head_dim));
+            let mut blocks = vec![0u8; 40 * codec.block_bytes()];
+            for (row, block) in rows
+                .chunks_exact(head_dim)
+                .zip(blocks.chunks_exact_mut(codec.block_bytes()))
+            {
+                codec.encode(row, block).unwrap();
+            }
+            let mut working = vec![f32::NAN; rows.len()];
+            codec.decode_working(&blocks, &mut working);
+            let mut one = vec![0f32; head_dim];
+            for (t, block) in blocks.chunks_exact(codec.block_bytes()).enumerate() {
+                codec.decode(block, &mut one);
+                let got = &working[t * head_dim..][..head_dim];
+                for (c, (a, b)) in got.iter().zip(&one).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "d{head_dim} row {t} channel {c}");
+                }
+            }
+        }
     }
 
     #[test]
