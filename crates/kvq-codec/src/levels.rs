@@ -185,6 +185,12 @@ impl LevelFormat {
         self.maps() * (1 + usize::from(self.maps.min_at.is_some()))
     }
 
+    /// Whether every map word lies in the row's first 128 bytes, where the kernels can collect
+    /// a row's words with one permutation of two loads (else they gather them per 16 rows).
+    pub fn words_in_first_128_bytes(&self) -> bool {
+        (0..self.map_words()).all(|k| self.map_word_at(k) + 2 <= 128)
+    }
+
     /// The byte of a row where map word `k` begins: the maps' scales, then their minimums.
     pub fn map_word_at(&self, k: usize) -> usize {
         let (m, maps) = (self.maps, self.maps());
@@ -218,8 +224,8 @@ impl LevelFormat {
 
     /// Whether the kernels take this format: 1- to 5-bit codes (8-bit caches keep the float
     /// kernels: at that rate the kernels' own rounding would rival the cache's), a width of
-    /// whole 64-channel chunks (at most 512), maps over whole groups whose f16 words (at most
-    /// [`MAP_WORDS`]) sit in the row's first 128 bytes.
+    /// whole 64-channel chunks (at most 512), maps over whole groups with at most
+    /// [`MAP_WORDS`] f16 words.
     pub fn supported(&self) -> bool {
         let codes_fit = match self.codes {
             CodeLayout::Packed { at, bits } => {
@@ -237,8 +243,8 @@ impl LevelFormat {
         };
         let m = self.maps;
         let maps = self.width / m.channels.max(1);
-        // Every map word sits in the row's first 128 bytes, and all fit one record.
-        let words_fit = |at: usize| at + (maps - 1) * m.stride + 2 <= self.row_bytes.min(128);
+        // Every map word sits in the row, and all fit one record.
+        let words_fit = |at: usize| at + (maps - 1) * m.stride + 2 <= self.row_bytes;
         self.width > 0
             && self.row_bytes >= 4
             && self.width <= 16 * GROUP
@@ -1098,8 +1104,9 @@ mod avx512 {
         table8: Option<__m512i>,
         permute: __m512i,
         shifts: __m512i,
-        /// Whether the maps are gathered per 16 rows (at most two f16 words per row) rather
-        /// than collected per row and regrouped (measured faster from three words on).
+        /// Whether the maps are gathered per 16 rows (at most two f16 words per row, or words
+        /// past a row's first 128 bytes) rather than collected per row and regrouped
+        /// (measured faster from three words on).
         gather: bool,
         /// Byte permutation (over the row's bytes 0..128) that collects the map words.
         words: __m512i,
@@ -1185,7 +1192,7 @@ mod avx512 {
                     CodeLayout::Nibbles { .. } => (8 * (j % 8) + 4 * (j % 32 / 16)) as u8,
                     CodeLayout::Packed { .. } => ((j % 8) * b) as u8,
                 })),
-                gather: format.map_words() <= 2,
+                gather: format.map_words() <= 2 || !format.words_in_first_128_bytes(),
                 words: bytes(words),
                 row_lo: first_bytes(format.row_bytes),
                 row_hi: first_bytes(format.row_bytes.saturating_sub(64)),
@@ -2918,8 +2925,9 @@ mod tests {
             }),
             "16 map words do not"
         );
+        // Words past a row's first 128 bytes are gathered (q5_0 at head_dim 256).
         assert!(
-            !with(&|f| {
+            with(&|f| {
                 f.maps.scale_at = 130;
                 f.row_bytes = 200;
             }),
