@@ -1236,8 +1236,14 @@ mod avx512 {
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
         unsafe fn half_stream(&self, stream: *const u8, c: usize, half: usize) -> __m512i {
-            let p = stream.add(c * self.stream_step + half * self.half_step);
+            let p = self.half_at(stream, c, half);
             _mm512_maskz_loadu_epi8(self.half_load, p as *const i8)
+        }
+
+        /// Where half `half` of chunk `c` of the stream at `stream` begins.
+        #[inline(always)]
+        unsafe fn half_at(&self, stream: *const u8, c: usize, half: usize) -> *const u8 {
+            stream.add(c * self.stream_step + half * self.half_step)
         }
 
         /// Levels of the 32 codes of group `g` of 16 transposed `B`-bit streams (dwords
@@ -1326,7 +1332,7 @@ mod avx512 {
                 return self.level(codes);
             };
             // The two blocks' fifth bits, one per channel, as a byte mask.
-            let p = stream.add((h / 2) * self.stream_step + (h % 2) * self.half_step + at);
+            let p = self.half_at(stream, h / 2, h % 2).add(at);
             let bits = (p as *const u32).read_unaligned() as u64
                 | ((p.add(block_bytes) as *const u32).read_unaligned() as u64) << 32;
             let fifth = _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(16));

@@ -480,7 +480,7 @@ impl OakenCodec {
         // Masked dword loads straight from the row (a copy to the stack first stalled on
         // store forwarding).
         let lanes = |n: usize| -> __mmask16 { ((1u32 << n.min(16)) - 1) as __mmask16 };
-        let dense = row.as_ptr().add(self.dense_offset()) as *const i32;
+        let dense = dense as *const i32;
         let dense_dwords = self.head_dim / 8;
         let dense_words = [
             _mm512_maskz_loadu_epi32(lanes(dense_dwords), dense),
@@ -641,9 +641,9 @@ impl Codec for OakenCodec {
             let mut grids = [MiddleGrid::new(0.0, 0.0); 16];
             for (i, (row, out)) in pairs.enumerate() {
                 if i % 16 == 0 {
-                    let rows = &blocks[i * self.block_bytes()..];
+                    let next = &blocks[i * self.block_bytes()..];
                     // SAFETY: the CPU has AVX-512F/DQ.
-                    unsafe { middle_grids(rows, self.block_bytes(), &mut grids) };
+                    unsafe { middle_grids(next, self.block_bytes(), &mut grids) };
                 }
                 // SAFETY: as above (AVX-512F/VL); `row` is one block, `out` one row.
                 unsafe { self.decode_avx512(row, grids[i % 16], out) };

@@ -137,6 +137,13 @@ struct Qjl {
     signs_offset: usize,
 }
 
+impl Qjl {
+    /// The weight of a row's QJL signs: `n·γ`, the row's norm times its residual's norm.
+    fn weight(&self, row: &[u8]) -> f32 {
+        read_f16(row, self.gamma_offset)
+    }
+}
+
 impl Segment {
     fn bits(&self) -> u32 {
         self.codebook.bits()
@@ -413,11 +420,6 @@ impl TurboCodec {
     fn qjl_scale(&self) -> f32 {
         (std::f32::consts::FRAC_PI_2).sqrt() / self.head_dim as f32
     }
-
-    /// The weight of a row's QJL signs: `n·γ`, the row's norm times its residual's norm.
-    fn qjl_weight(&self, row: &[u8], qjl: &Qjl) -> f32 {
-        read_f16(row, qjl.gamma_offset)
-    }
 }
 
 /// The high set of a calibrated fractional rate: the first `d/2` distinct listed channels,
@@ -608,7 +610,7 @@ impl Codec for TurboCodec {
                 let sketched = &prepared_query[d..2 * d];
                 let signs = &row[qjl.signs_offset..qjl.signs_offset + bits::packed_len(d, 1)];
                 let dot = simd::dot_lut(signs, 1, &SIGN_LEVELS, sketched);
-                total += self.qjl_weight(row, qjl) * dot;
+                total += qjl.weight(row) * dot;
             }
             *score = total;
         }
@@ -644,7 +646,7 @@ impl Codec for TurboCodec {
                 .zip(rows.chunks_exact_mut(width))
             {
                 let signs = &row[qjl.signs_offset..qjl.signs_offset + bits::packed_len(d, 1)];
-                let weight = self.qjl_weight(row, qjl);
+                let weight = qjl.weight(row);
                 simd::decode_lut(signs, 1, &SIGN_LEVELS, weight, &mut out[d..2 * d]);
             }
         }
@@ -669,7 +671,7 @@ impl Codec for TurboCodec {
                 }
             }
             if let Some(qjl) = &self.qjl {
-                let g = w * self.qjl_weight(row, qjl);
+                let g = w * qjl.weight(row);
                 let signs = &row[qjl.signs_offset..qjl.signs_offset + bits::packed_len(d, 1)];
                 simd::axpy_lut(signs, 1, &SIGN_LEVELS, g, &mut acc[d..2 * d]);
             }
