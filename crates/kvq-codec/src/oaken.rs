@@ -185,6 +185,7 @@ struct OutlierTable {
     step: [f32; 4],
 }
 
+#[inline]
 fn f16_at(row: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32()
 }
@@ -195,19 +196,38 @@ fn round_up_ties(x: f32) -> usize {
     whole + usize::from(x - whole as f32 >= 0.5)
 }
 
-/// [`MiddleGrid::new`] of up to 16 rows of `rows` (`block_bytes` apart) at once, with the
-/// same operations lane by lane, into `grids`.
+/// [`MiddleGrid::new`] and the outlier steps (`M/15` of the outer and inner groups) of up to
+/// 16 rows of `rows` (`block_bytes` apart) at once, with the same operations lane by lane.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512dq")]
-unsafe fn middle_grids(rows: &[u8], block_bytes: usize, grids: &mut [MiddleGrid; 16]) {
+#[target_feature(enable = "avx512f,avx512dq,f16c")]
+unsafe fn row_scales(
+    rows: &[u8],
+    block_bytes: usize,
+    grids: &mut [MiddleGrid; 16],
+    outlier_steps: &mut [[f32; 16]; 2],
+) {
     use std::arch::x86_64::*;
     let n = (rows.len() / block_bytes).min(16);
-    let (mut lo, mut hi) = ([0f32; 16], [0f32; 16]);
-    for r in 0..n {
-        let row = &rows[r * block_bytes..];
-        (lo[r], hi[r]) = (f16_at(row, 0), f16_at(row, 1));
+    // The four f16 of each row's metadata, then each field of the 16 rows as 16 floats.
+    let mut meta = [0u64; 16];
+    for (r, m) in meta.iter_mut().enumerate().take(n) {
+        *m = u64::from_le_bytes(rows[r * block_bytes..][..META_BYTES].try_into().unwrap());
     }
-    let (lo, hi) = (_mm512_loadu_ps(lo.as_ptr()), _mm512_loadu_ps(hi.as_ptr()));
+    let halves = [0, 8].map(|r| _mm512_loadu_si512(meta.as_ptr().add(r) as *const _));
+    // Fields 0 and 1 (or 2 and 3) of all rows as dwords, then each field's f16 as floats.
+    let dwords = |high: bool| {
+        let [a, b] = halves
+            .map(|h| _mm512_cvtepi64_epi32(if high { _mm512_srli_epi64::<32>(h) } else { h }));
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+    };
+    let fields = |d: __m512i| {
+        [d, _mm512_srli_epi32::<16>(d)].map(|x| _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x)))
+    };
+    let [lo, hi] = fields(dwords(false));
+    let [outer, inner] = fields(dwords(true));
+    let fifteen = _mm512_set1_ps(15.0);
+    _mm512_storeu_ps(outlier_steps[0].as_mut_ptr(), _mm512_div_ps(outer, fifteen));
+    _mm512_storeu_ps(outlier_steps[1].as_mut_ptr(), _mm512_div_ps(inner, fifteen));
     let zero = _mm512_setzero_ps();
     let negative_lo = _mm512_xor_ps(lo, _mm512_set1_ps(-0.0));
     let width = _mm512_sub_ps(hi, lo);
@@ -411,8 +431,12 @@ impl OakenCodec {
     }
 
     fn outlier_table(&self, row: &[u8]) -> OutlierTable {
+        self.outlier_steps_table(f16_at(row, 2) / 15.0, f16_at(row, 3) / 15.0)
+    }
+
+    /// The table of a row whose outer and inner steps (`M/15`) are given.
+    fn outlier_steps_table(&self, outer_step: f32, inner_step: f32) -> OutlierTable {
         let t = &self.thresholds;
-        let (outer_step, inner_step) = (f16_at(row, 2) / 15.0, f16_at(row, 3) / 15.0);
         OutlierTable {
             base: [0.0, t.hi_outer, 0.0, t.lo_outer],
             step: [inner_step, outer_step, -inner_step, -outer_step],
@@ -443,7 +467,13 @@ impl OakenCodec {
     /// it with `vpermps`, then the sparse entries over them.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512vl")]
-    unsafe fn decode_avx512(&self, row: &[u8], grid: MiddleGrid, out: &mut [f32]) {
+    unsafe fn decode_avx512(
+        &self,
+        row: &[u8],
+        grid: MiddleGrid,
+        table: &OutlierTable,
+        out: &mut [f32],
+    ) {
         use std::arch::x86_64::*;
         assert!(self.head_dim.is_multiple_of(16) && out.len() == self.head_dim);
         let t = &self.thresholds;
@@ -469,10 +499,9 @@ impl OakenCodec {
             let values = _mm512_permutexvar_ps(nibbles, middle);
             _mm512_storeu_ps(out.as_mut_ptr().add(16 * j), values);
         }
-        let table = self.outlier_table(row);
         let capacity = self.outlier_capacity;
         if self.head_dim > 256 || capacity > 32 || !capacity.is_multiple_of(4) {
-            self.for_each_outlier(row, &table, |i, _, value| out[i] = value);
+            self.for_each_outlier(row, table, |i, _, value| out[i] = value);
             return;
         }
         // The sparse entries 16 at a time: element `span·64 + index`, its dense code (nibble
@@ -639,14 +668,17 @@ impl Codec for OakenCodec {
         #[cfg(target_arch = "x86_64")]
         if simd::use_avx512() && self.head_dim.is_multiple_of(16) {
             let mut grids = [MiddleGrid::new(0.0, 0.0); 16];
+            let mut outlier_steps = [[0f32; 16]; 2];
             for (i, (row, out)) in pairs.enumerate() {
                 if i % 16 == 0 {
                     let next = &blocks[i * self.block_bytes()..];
-                    // SAFETY: the CPU has AVX-512F/DQ.
-                    unsafe { middle_grids(next, self.block_bytes(), &mut grids) };
+                    // SAFETY: the CPU has AVX-512F/DQ and F16C (with AVX2).
+                    unsafe { row_scales(next, self.block_bytes(), &mut grids, &mut outlier_steps) };
                 }
+                let [outer, inner] = outlier_steps.map(|s| s[i % 16]);
+                let table = self.outlier_steps_table(outer, inner);
                 // SAFETY: as above (AVX-512F/VL); `row` is one block, `out` one row.
-                unsafe { self.decode_avx512(row, grids[i % 16], out) };
+                unsafe { self.decode_avx512(row, grids[i % 16], &table, out) };
             }
             return;
         }
