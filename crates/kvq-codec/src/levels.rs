@@ -723,7 +723,7 @@ pub fn query_slots(width: usize) -> usize {
 }
 
 /// Slots per group after the codes: `σ_g`, `σ_g·Σ codes`, `Σ q` (exact).
-const QUERY_MAP: usize = 3;
+pub(crate) const QUERY_MAP: usize = 3;
 
 /// Writes the i8 form of `query` (the format's `width` values, in channel order) into `out`
 /// ([`query_slots`] long): the codes in [`LevelFormat::query_channel`]'s order, four to a
@@ -1027,6 +1027,10 @@ fn accumulate_into(
         };
     });
 }
+
+/// Vector helpers other codecs' kernels share.
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx512::{add4_ps, transpose16};
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
@@ -1963,14 +1967,14 @@ mod avx512 {
     /// [`add4`] for floats.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-    unsafe fn add4_ps(v: [__m512; 4]) -> __m512 {
+    pub(crate) unsafe fn add4_ps(v: [__m512; 4]) -> __m512 {
         reduce4_ps(v, |x, y| _mm512_add_ps(x, y))
     }
 
     /// Transposes 16 rows of 16 i32 lanes: lane `r` of output `j` is lane `j` of input `r`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-    unsafe fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
+    pub(crate) unsafe fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
         // Within each 128-bit lane, 4×4 blocks of rows 4i..4i+4.
         let mut u = [_mm512_setzero_si512(); 16];
         for i in 0..4 {

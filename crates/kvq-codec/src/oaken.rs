@@ -47,6 +47,7 @@
 //! [`Codec::score`] and [`Codec::accumulate`] work on the bytes: a 16-entry table of middle
 //! levels per token, a pass over the dense nibbles, then a correction at each sparse entry.
 
+use crate::levels::{self, CodeLayout, LevelFormat, MapLayout};
 use crate::{check_finite, simd, Calibration, Codec, CodecError, OakenThresholds};
 use half::f16;
 
@@ -196,16 +197,34 @@ fn round_up_ties(x: f32) -> usize {
     whole + usize::from(x - whole as f32 >= 0.5)
 }
 
-/// [`MiddleGrid::new`] and the outlier steps (`M/15` of the outer and inner groups) of up to
-/// 16 rows of `rows` (`block_bytes` apart) at once, with the same operations lane by lane.
+/// The grids and outlier steps of 16 rows.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Default)]
+struct RowScales {
+    /// [`MiddleGrid::zero_code`] of each row.
+    zero_codes: [u32; 16],
+    /// [`MiddleGrid::step`] of each row.
+    steps: [f32; 16],
+    /// The outer and inner groups' steps (`M/15`) of each row.
+    outlier_steps: [[f32; 16]; 2],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl RowScales {
+    /// Row `r`'s grid.
+    fn grid(&self, r: usize) -> MiddleGrid {
+        MiddleGrid {
+            zero_code: self.zero_codes[r] as usize,
+            step: self.steps[r],
+        }
+    }
+}
+
+/// [`MiddleGrid::new`] and the outlier steps of up to 16 rows of `rows` (`block_bytes`
+/// apart) at once, with the same operations lane by lane.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,f16c")]
-unsafe fn row_scales(
-    rows: &[u8],
-    block_bytes: usize,
-    grids: &mut [MiddleGrid; 16],
-    outlier_steps: &mut [[f32; 16]; 2],
-) {
+unsafe fn row_scales(rows: &[u8], block_bytes: usize, scales: &mut RowScales) {
     use std::arch::x86_64::*;
     let n = (rows.len() / block_bytes).min(16);
     // The four f16 of each row's metadata, then each field of the 16 rows as 16 floats.
@@ -226,6 +245,7 @@ unsafe fn row_scales(
     let [lo, hi] = fields(dwords(false));
     let [outer, inner] = fields(dwords(true));
     let fifteen = _mm512_set1_ps(15.0);
+    let outlier_steps = &mut scales.outlier_steps;
     _mm512_storeu_ps(outlier_steps[0].as_mut_ptr(), _mm512_div_ps(outer, fifteen));
     _mm512_storeu_ps(outlier_steps[1].as_mut_ptr(), _mm512_div_ps(inner, fifteen));
     let zero = _mm512_setzero_ps();
@@ -248,20 +268,12 @@ unsafe fn row_scales(
         _mm512_div_ps(negative_lo, zf),
         _mm512_div_ps(hi, _mm512_sub_ps(_mm512_set1_ps(16.0), zf)),
     );
-    let (mut zs, mut steps) = ([0u32; 16], [0f32; 16]);
-    _mm512_storeu_si512(zs.as_mut_ptr() as *mut _, z);
-    _mm512_storeu_ps(steps.as_mut_ptr(), step);
+    // Flat rows: `MiddleGrid::new`'s zero code 8 and step 0.
     let flat = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(width, zero);
-    for (r, grid) in grids.iter_mut().enumerate().take(n) {
-        *grid = if flat & (1 << r) != 0 {
-            MiddleGrid::new(0.0, 0.0)
-        } else {
-            MiddleGrid {
-                zero_code: zs[r] as usize,
-                step: steps[r],
-            }
-        };
-    }
+    let z = _mm512_mask_mov_epi32(z, flat, _mm512_set1_epi32(8));
+    let step = _mm512_mask_mov_ps(step, flat, zero);
+    _mm512_storeu_si512(scales.zero_codes.as_mut_ptr() as *mut _, z);
+    _mm512_storeu_ps(scales.steps.as_mut_ptr(), step);
 }
 
 /// The smallest f16 `≥ x` for `x ≥ 0` (infinite when `x` exceeds f16's range).
@@ -499,17 +511,39 @@ impl OakenCodec {
             let values = _mm512_permutexvar_ps(nibbles, middle);
             _mm512_storeu_ps(out.as_mut_ptr().add(16 * j), values);
         }
-        let capacity = self.outlier_capacity;
-        if self.head_dim > 256 || capacity > 32 || !capacity.is_multiple_of(4) {
+        if !self.vector_sparse() {
             self.for_each_outlier(row, table, |i, _, value| out[i] = value);
             return;
         }
-        // The sparse entries 16 at a time: element `span·64 + index`, its dense code (nibble
-        // `i mod 8` of dense dword `i/8`), its value `base[k] + code·step[k]`, scattered.
-        // Masked dword loads straight from the row (a copy to the stack first stalled on
-        // store forwarding).
+        self.for_each_sparse_chunk(row, table, |element, _, value, live| {
+            _mm512_mask_i32scatter_ps::<4>(out.as_mut_ptr() as *mut _, live, element, value);
+        });
+    }
+
+    /// Calls `f(elements, dense codes, values, live lanes)` for the sparse entries of `row`,
+    /// 16 at a time ([`Self::vector_sparse`] rows): element `span·64 + index`, its dense code
+    /// (nibble `i mod 8` of dense dword `i/8`), its value `base[k] + code·step[k]`. Masked
+    /// dword loads straight from the row (a copy to the stack first stalled on store
+    /// forwarding).
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vl")]
+    unsafe fn for_each_sparse_chunk(
+        &self,
+        row: &[u8],
+        table: &OutlierTable,
+        mut f: impl FnMut(
+            std::arch::x86_64::__m512i,
+            std::arch::x86_64::__m512i,
+            std::arch::x86_64::__m512,
+            std::arch::x86_64::__mmask16,
+        ),
+    ) {
+        use std::arch::x86_64::*;
+        debug_assert!(self.vector_sparse() && row.len() >= self.block_bytes());
+        let capacity = self.outlier_capacity;
         let lanes = |n: usize| -> __mmask16 { ((1u32 << n.min(16)) - 1) as __mmask16 };
-        let dense = dense as *const i32;
+        let dense = row.as_ptr().add(self.dense_offset()) as *const i32;
         let dense_dwords = self.head_dim / 8;
         let dense_words = [
             _mm512_maskz_loadu_epi32(lanes(dense_dwords), dense),
@@ -560,9 +594,254 @@ impl OakenCodec {
                 _mm512_permutexvar_ps(k, base),
                 _mm512_mul_ps(_mm512_cvtepi32_ps(code), _mm512_permutexvar_ps(k, step)),
             );
-            _mm512_mask_i32scatter_ps::<4>(out.as_mut_ptr() as *mut _, live, i, value);
+            f(i, code, value, live);
         }
     }
+}
+
+impl OakenCodec {
+    /// The dense codes as the integer kernels' query quantization sees them: 4-bit codes cut
+    /// a dword's low nibbles, then its high ones, under one query scale per row.
+    fn dense_format(&self) -> LevelFormat {
+        LevelFormat {
+            row_bytes: self.block_bytes(),
+            width: self.head_dim,
+            codes: CodeLayout::Packed {
+                at: self.dense_offset(),
+                bits: 4,
+            },
+            maps: MapLayout {
+                channels: self.head_dim,
+                scale_at: 0,
+                stride: 0,
+                min_at: None,
+                zero: 0.0,
+            },
+            table: None,
+        }
+    }
+
+    /// Whether [`Self::score_vnni`] takes this codec's rows: whole 64-channel chunks up to
+    /// 256 and the vector sparse entries.
+    fn integer_scores(&self) -> bool {
+        self.head_dim.is_multiple_of(64) && self.head_dim <= 256 && self.vector_sparse()
+    }
+
+    /// Whether [`Self::decode_avx512`] reads the sparse entries 16 at a time.
+    fn vector_sparse(&self) -> bool {
+        self.head_dim <= 256
+            && self.outlier_capacity <= 32
+            && self.outlier_capacity.is_multiple_of(4)
+    }
+
+    /// [`Codec::score_group`] on the bytes with 8-bit integer dot products, 16 rows at a time.
+    /// A middle level is `step·(q − z + ½) + lo_inner + Δ·[q ≥ z]` (`Δ = hi_inner − lo_inner`),
+    /// so a row's dense score is `σ·(step·Σ Q·q + Δ·Σ_{q ≥ z} Q) + (step·(½ − z) + lo_inner)·Σ q`
+    /// with the i8 query `Q` (scale `σ`, [`levels::quantize_query`]): two `vpdpbusd` per 4
+    /// channels, for the codes and for the high-branch flags. Each sparse entry then adds
+    /// `σ·Q_i·(value − middle level of its dense code)`, the four heads' `Q_i` gathered at once
+    /// by permutes. The error against the exact score is the query's rounding, at most
+    /// `σ/2·Σ |x_i − offset|` (tested against a plain version of this algorithm).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx512vbmi,avx512vbmi2,f16c"
+    )]
+    unsafe fn score_vnni(
+        &self,
+        queries: &[&[f32]],
+        blocks: &[u8],
+        scores: &mut [&mut [f32]],
+        ahead: &mut simd::Ahead,
+    ) {
+        use std::arch::x86_64::*;
+        let (d, bb) = (self.head_dim, self.block_bytes());
+        let n = blocks.len() / bb;
+        assert!(self.integer_scores() && queries.iter().all(|q| q.len() >= self.query_len()));
+        assert!(scores.iter().all(|s| s.len() >= n));
+        let t = &self.thresholds;
+        let delta = t.hi_inner - t.lo_inner;
+        let groups = d / levels::GROUP;
+        for h0 in (0..queries.len()).step_by(4) {
+            let heads = (queries.len() - h0).min(4);
+            let q: [&[f32]; 4] = std::array::from_fn(|h| queries[h0 + h.min(heads - 1)]);
+            // The i8 query's dwords, its scale and the exact `Σ q` (levels::quantize_query).
+            let codes = |h: usize, i: usize| *(q[h].as_ptr().add(d) as *const i32).add(i);
+            let maps = |h: usize, g: usize, k: usize| q[h][d + d / 4 + levels::QUERY_MAP * g + k];
+            let sigma: [__m512; 4] = std::array::from_fn(|h| _mm512_set1_ps(maps(h, 0, 0)));
+            let sum_q: [__m512; 4] =
+                std::array::from_fn(|h| _mm512_set1_ps((0..groups).map(|g| maps(h, g, 2)).sum()));
+            // The four heads' i8 query by channel, one dword per channel (head `h` in byte
+            // `h`), for the sparse entries.
+            let format = self.dense_format();
+            let mut by_channel = [0u32; 256];
+            for (h, qh) in q.iter().enumerate() {
+                let bytes = std::slice::from_raw_parts(qh.as_ptr().add(d) as *const u8, d);
+                for (i, &b) in bytes.iter().enumerate() {
+                    by_channel[format.query_channel(i)] |= u32::from(b) << (8 * h);
+                }
+            }
+            let mut scales = RowScales::default();
+            for block in (0..n).step_by(16) {
+                let rows = (n - block).min(16);
+                if h0 == 0 {
+                    ahead.rows(rows);
+                }
+                let first = &blocks[block * bb..(block + rows) * bb];
+                row_scales(first, bb, &mut scales);
+                let z = _mm512_loadu_si512(scales.zero_codes.as_ptr() as *const _);
+                let step = _mm512_loadu_ps(scales.steps.as_ptr());
+                // `16 − z` in each byte: bit 4 of `code + 16 − z` is `code ≥ z`.
+                let flip = _mm512_mullo_epi32(
+                    _mm512_sub_epi32(_mm512_set1_epi32(16), z),
+                    _mm512_set1_epi32(0x0101_0101),
+                );
+                let (mut code_dots, mut high_dots) =
+                    ([_mm512_setzero_si512(); 4], [_mm512_setzero_si512(); 4]);
+                for chunk in 0..d.div_ceil(128) {
+                    let dwords = (d / 8 - 16 * chunk).min(16);
+                    let lanes = ((1u32 << dwords) - 1) as __mmask16;
+                    let loaded: [__m512i; 16] = std::array::from_fn(|r| {
+                        let row = first.as_ptr().add(r.min(rows - 1) * bb);
+                        _mm512_maskz_loadu_epi32(
+                            lanes,
+                            row.add(self.dense_offset() + 64 * chunk) as *const i32,
+                        )
+                    });
+                    let words = levels::transpose16(&loaded);
+                    for (j, &word) in words.iter().enumerate().take(dwords) {
+                        for half in 0..2 {
+                            let cut = _mm512_and_si512(
+                                if half == 0 {
+                                    word
+                                } else {
+                                    _mm512_srli_epi32::<4>(word)
+                                },
+                                _mm512_set1_epi32(0x0f0f_0f0f),
+                            );
+                            let high = _mm512_and_si512(
+                                _mm512_srli_epi32::<4>(_mm512_add_epi32(cut, flip)),
+                                _mm512_set1_epi32(0x0101_0101),
+                            );
+                            let slot = 2 * (16 * chunk + j) + half;
+                            for h in 0..4 {
+                                let qd = _mm512_set1_epi32(codes(h, slot));
+                                code_dots[h] = _mm512_dpbusd_epi32(code_dots[h], cut, qd);
+                                high_dots[h] = _mm512_dpbusd_epi32(high_dots[h], high, qd);
+                            }
+                        }
+                    }
+                }
+                let offset = _mm512_fmadd_ps(
+                    step,
+                    _mm512_sub_ps(_mm512_set1_ps(0.5), _mm512_cvtepu32_ps(z)),
+                    _mm512_set1_ps(t.lo_inner),
+                );
+                let mut dense: [__m512; 4] = std::array::from_fn(|h| {
+                    let dot = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(code_dots[h]),
+                        step,
+                        _mm512_mul_ps(_mm512_cvtepi32_ps(high_dots[h]), _mm512_set1_ps(delta)),
+                    );
+                    _mm512_fmadd_ps(dot, sigma[h], _mm512_mul_ps(offset, sum_q[h]))
+                });
+                // Each row's sparse corrections per head against the i8 query (in units of
+                // `σ`), summed over its entries (the four heads' sums in lanes 0–3, kept as the
+                // row's four).
+                let mut sparse = [[0f32; 4]; 16];
+                for (r, sums) in sparse.iter_mut().enumerate().take(rows) {
+                    let row = &first[r * bb..];
+                    let table = self.outlier_steps_table(
+                        scales.outlier_steps[0][r],
+                        scales.outlier_steps[1][r],
+                    );
+                    let z = _mm512_set1_epi32(scales.zero_codes[r] as i32);
+                    let step = _mm512_set1_ps(scales.steps[r]);
+                    let mut corrections = [_mm512_setzero_ps(); 4];
+                    self.for_each_sparse_chunk(row, &table, |element, code, value, live| {
+                        let high = _mm512_cmpge_epi32_mask(code, z);
+                        let middle = _mm512_fmadd_ps(
+                            _mm512_add_ps(
+                                _mm512_cvtepi32_ps(_mm512_sub_epi32(code, z)),
+                                _mm512_set1_ps(0.5),
+                            ),
+                            step,
+                            _mm512_mask_blend_ps(
+                                high,
+                                _mm512_set1_ps(t.lo_inner),
+                                _mm512_set1_ps(t.hi_inner),
+                            ),
+                        );
+                        let correction = _mm512_maskz_sub_ps(live, value, middle);
+                        let codes = gather(by_channel.as_ptr(), d, element);
+                        for (h, c) in corrections.iter_mut().enumerate() {
+                            // Byte `h`, sign-extended.
+                            let code = _mm512_srai_epi32::<24>(_mm512_sllv_epi32(
+                                codes,
+                                _mm512_set1_epi32(24 - 8 * h as i32),
+                            ));
+                            *c = _mm512_fmadd_ps(_mm512_cvtepi32_ps(code), correction, *c);
+                        }
+                    });
+                    _mm_storeu_ps(
+                        sums.as_mut_ptr(),
+                        _mm512_castps512_ps128(levels::add4_ps(corrections)),
+                    );
+                }
+                // Row-major sums to one vector per head.
+                let sparse = sparse.as_ptr() as *const f32;
+                for (h, dense) in dense.iter_mut().enumerate() {
+                    let rows_h = _mm512_add_epi32(
+                        _mm512_setr_epi32(
+                            0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60,
+                        ),
+                        _mm512_set1_epi32(h as i32),
+                    );
+                    let sums = _mm512_i32gather_ps::<4>(rows_h, sparse);
+                    *dense = _mm512_fmadd_ps(sums, sigma[h], *dense);
+                }
+                let mask = ((1u32 << rows) - 1) as __mmask16;
+                for h in 0..heads {
+                    let out = scores[h0 + h].as_mut_ptr().add(block);
+                    _mm512_mask_storeu_ps(out, mask, dense[h]);
+                }
+            }
+        }
+    }
+}
+
+/// `x[i]` for the 16 indices `i` of `element` (each below `len`, at most 256), by permutes of
+/// pairs of vectors and blends on the higher index bits.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn gather(
+    x: *const u32,
+    len: usize,
+    element: std::arch::x86_64::__m512i,
+) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    let pairs = len.div_ceil(32);
+    let mut picked = [_mm512_setzero_si512(); 8];
+    for (p, v) in picked.iter_mut().enumerate().take(pairs) {
+        let at = x.add(32 * p) as *const __m512i;
+        *v = _mm512_permutex2var_epi32(
+            _mm512_loadu_si512(at),
+            element,
+            _mm512_loadu_si512(at.add(1)),
+        );
+    }
+    // Select by bits 5, 6 and 7 of the index.
+    let mut width = pairs;
+    let mut bit = 32;
+    while width > 1 {
+        let upper = _mm512_test_epi32_mask(element, _mm512_set1_epi32(bit));
+        for k in 0..width / 2 {
+            picked[k] = _mm512_mask_blend_epi32(upper, picked[2 * k], picked[2 * k + 1]);
+        }
+        width /= 2;
+        bit *= 2;
+    }
+    picked[0]
 }
 
 impl Codec for OakenCodec {
@@ -580,6 +859,40 @@ impl Codec for OakenCodec {
 
     fn block_bytes(&self) -> usize {
         self.sparse_offset() + self.outlier_capacity
+    }
+
+    /// The f32 query, then for the integer scores its i8 form ([`levels::quantize_query`]).
+    fn query_len(&self) -> usize {
+        let slots = if self.integer_scores() {
+            levels::query_slots(self.head_dim)
+        } else {
+            0
+        };
+        self.head_dim + slots
+    }
+
+    fn prepare_query(&self, query: &[f32], prepared: &mut [f32]) {
+        prepared[..self.head_dim].copy_from_slice(query);
+        if self.integer_scores() {
+            levels::finish_query(&self.dense_format(), prepared);
+        }
+    }
+
+    /// On the integer kernels where the CPU has them ([`OakenCodec::score_vnni`]), else
+    /// through decoded tiles.
+    fn score_group(
+        &self,
+        queries: &[&[f32]],
+        blocks: &[u8],
+        scores: &mut [&mut [f32]],
+        ahead: &mut simd::Ahead,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if self.integer_scores() && levels::available() {
+            // SAFETY: the integer kernels' CPU features (AVX-512 F/BW/DQ/VL/VNNI, F16C).
+            return unsafe { self.score_vnni(queries, blocks, scores, ahead) };
+        }
+        crate::tile::score_group(self, queries, blocks, scores, ahead);
     }
 
     fn encode(&self, rows: &[f32], out: &mut [u8]) -> Result<(), CodecError> {
@@ -667,18 +980,18 @@ impl Codec for OakenCodec {
             .zip(rows.chunks_exact_mut(self.head_dim));
         #[cfg(target_arch = "x86_64")]
         if simd::use_avx512() && self.head_dim.is_multiple_of(16) {
-            let mut grids = [MiddleGrid::new(0.0, 0.0); 16];
-            let mut outlier_steps = [[0f32; 16]; 2];
+            let mut scales = RowScales::default();
             for (i, (row, out)) in pairs.enumerate() {
                 if i % 16 == 0 {
                     let next = &blocks[i * self.block_bytes()..];
                     // SAFETY: the CPU has AVX-512F/DQ and F16C (with AVX2).
-                    unsafe { row_scales(next, self.block_bytes(), &mut grids, &mut outlier_steps) };
+                    unsafe { row_scales(next, self.block_bytes(), &mut scales) };
                 }
-                let [outer, inner] = outlier_steps.map(|s| s[i % 16]);
+                let r = i % 16;
+                let [outer, inner] = scales.outlier_steps.map(|s| s[r]);
                 let table = self.outlier_steps_table(outer, inner);
                 // SAFETY: as above (AVX-512F/VL); `row` is one block, `out` one row.
-                unsafe { self.decode_avx512(row, grids[i % 16], &table, out) };
+                unsafe { self.decode_avx512(row, scales.grid(r), &table, out) };
             }
             return;
         }
@@ -961,6 +1274,100 @@ mod tests {
                 let got = &working[t * head_dim..][..head_dim];
                 for (c, (a, b)) in got.iter().zip(&one).enumerate() {
                     assert_eq!(a.to_bits(), b.to_bits(), "d{head_dim} row {t} channel {c}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn integer_scores_match_the_plain_algorithm_and_the_rounding_bound() {
+        if !levels::available() {
+            return;
+        }
+        for (head_dim, capacity) in [(64, 8), (128, 16), (128, 4), (256, 32)] {
+            let codec = OakenCodec::new(thresholds(), head_dim, capacity).unwrap();
+            assert!(codec.integer_scores());
+            // 37 rows (two blocks of 16 and a partial one): Gaussian, then zeros, one-sided
+            // and flat rows.
+            let mut rows = sample_rows(33, head_dim, 41);
+            rows.extend(std::iter::repeat_n(0.0, head_dim));
+            rows.extend((0..head_dim).map(|c| 0.2 + c as f32 * 0.01));
+            rows.extend((0..head_dim).map(|c| -0.3 - c as f32 * 0.02));
+            rows.extend(std::iter::repeat_n(0.05, head_dim));
+            let n = rows.len() / head_dim;
+            let mut blocks = vec![0u8; n * codec.block_bytes()];
+            for (row, block) in rows
+                .chunks_exact(head_dim)
+                .zip(blocks.chunks_exact_mut(codec.block_bytes()))
+            {
+                codec.encode(row, block).unwrap();
+            }
+            // Five heads: a pass of four and one of one.
+            let queries = sample_rows(5, head_dim, 42);
+            let prepared: Vec<Vec<f32>> = queries
+                .chunks_exact(head_dim)
+                .map(|q| {
+                    let mut p = vec![0f32; codec.query_len()];
+                    codec.prepare_query(q, &mut p);
+                    p
+                })
+                .collect();
+            let views: Vec<&[f32]> = prepared.iter().map(Vec::as_slice).collect();
+            let mut scores = vec![vec![f32::NAN; n]; 5];
+            let mut outs: Vec<&mut [f32]> = scores.iter_mut().map(Vec::as_mut_slice).collect();
+            codec.score_group(&views, &blocks, &mut outs, &mut simd::Ahead::none());
+            for (h, q) in queries.chunks_exact(head_dim).enumerate() {
+                // The i8 query, plainly: one scale, the largest magnitude over 127.
+                let sigma = q.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
+                let rounded: Vec<f64> = q
+                    .iter()
+                    .map(|&x| f64::from((x / sigma).round().clamp(-127.0, 127.0) * sigma))
+                    .collect();
+                for (t, row) in blocks.chunks_exact(codec.block_bytes()).enumerate() {
+                    // Every dense code at its middle level less the row's offset (`step·(½ −
+                    // z) + lo_inner`) and each sparse entry's difference from its level against
+                    // the rounded query, the offset against the exact one.
+                    let tables = codec.tables(row);
+                    let grid = MiddleGrid::new(f16_at(row, 0), f16_at(row, 1));
+                    let offset = f64::from(grid.step) * (0.5 - grid.zero_code as f64)
+                        + f64::from(codec.thresholds.lo_inner);
+                    let dense = &row[codec.dense_offset()..codec.sparse_offset()];
+                    let middle = |c: usize| {
+                        let code = (dense[c / 2] >> (4 * (c % 2))) & 15;
+                        f64::from(tables.middle[usize::from(code)])
+                    };
+                    let sum_q: f64 = q.iter().map(|&x| f64::from(x)).sum();
+                    let mut want: f64 = (0..head_dim)
+                        .map(|c| rounded[c] * (middle(c) - offset))
+                        .sum::<f64>()
+                        + offset * sum_q;
+                    codec.for_each_outlier(row, &tables.outliers, |i, _, value| {
+                        want += rounded[i] * (f64::from(value) - middle(i));
+                    });
+                    let got = f64::from(scores[h][t]);
+                    let size: f64 = (0..head_dim).map(|c| (rounded[c] * middle(c)).abs()).sum();
+                    assert!(
+                        (got - want).abs() <= 1e-5 * size.max(1.0),
+                        "d{head_dim} cap {capacity} head {h} row {t}: {got} vs {want}"
+                    );
+                    // Against the exact score, the query's rounding: σ/2 per value less the
+                    // offset.
+                    let mut decoded = vec![0f32; head_dim];
+                    codec.decode(row, &mut decoded);
+                    let exact: f64 = decoded
+                        .iter()
+                        .zip(q)
+                        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+                        .sum();
+                    let bound: f64 = (0..head_dim)
+                        .map(|c| (middle(c) - offset).abs())
+                        .sum::<f64>()
+                        * f64::from(sigma)
+                        / 2.0;
+                    assert!(
+                        (got - exact).abs() <= bound + 1e-5 * size.max(1.0),
+                        "d{head_dim} head {h} row {t}: {got} vs exact {exact}, bound {bound}"
+                    );
                 }
             }
         }

@@ -431,6 +431,9 @@ fn group_kernels_equal_one_head_at_a_time() {
                                 k_row(t),
                                 &bytes[t / bt * bb..][..bb],
                             ),
+                            None if name == "oaken" && available => {
+                                oaken_score_bound(&prepared[h], k_row(t))
+                            }
                             None => runs
                                 .iter()
                                 .map(|s| {
@@ -515,6 +518,16 @@ fn score_bound(
         }
     }
     1.001 * bound
+}
+
+/// How far Oaken's integer scores (`OakenCodec::score_vnni`) may be from the exact ones: the
+/// i8 query's rounding, `σ/2` per element of `row − offset`, the offset being the row's lowest
+/// middle level, within twice the row's largest magnitude.
+fn oaken_score_bound(prepared: &[f32], row: &[f32]) -> f32 {
+    let d = row.len();
+    let sigma = prepared[d + d / 4];
+    let largest = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+    row.iter().map(|x| x.abs() + 2.0 * largest).sum::<f32>() * sigma / 2.0
 }
 
 /// How far an integer-kernel score of a row `k` of per-channel blocks (`block` its block) may
