@@ -515,14 +515,15 @@ impl OakenCodec {
             self.for_each_outlier(row, table, |i, _, value| out[i] = value);
             return;
         }
-        self.for_each_sparse_chunk(row, table, |element, _, value, live| {
+        self.for_each_sparse_chunk(row, table, grid, |element, value, _, live| {
             _mm512_mask_i32scatter_ps::<4>(out.as_mut_ptr() as *mut _, live, element, value);
         });
     }
 
-    /// Calls `f(elements, dense codes, values, live lanes)` for the sparse entries of `row`,
-    /// 16 at a time ([`Self::vector_sparse`] rows): element `span·64 + index`, its dense code
-    /// (nibble `i mod 8` of dense dword `i/8`), its value `base[k] + code·step[k]`. Masked
+    /// Calls `f(elements, values, differences, live lanes)` for the sparse entries of `row`,
+    /// 16 at a time ([`Self::vector_sparse`] rows): element `span·64 + index`, its value
+    /// `base[k] + code·step[k]` (`code` its dense nibble, `i mod 8` of dense dword `i/8`), and
+    /// the value less the middle level of that code on `grid`. Masked
     /// dword loads straight from the row (a copy to the stack first stalled on store
     /// forwarding).
     #[cfg(target_arch = "x86_64")]
@@ -532,9 +533,10 @@ impl OakenCodec {
         &self,
         row: &[u8],
         table: &OutlierTable,
+        grid: MiddleGrid,
         mut f: impl FnMut(
             std::arch::x86_64::__m512i,
-            std::arch::x86_64::__m512i,
+            std::arch::x86_64::__m512,
             std::arch::x86_64::__m512,
             std::arch::x86_64::__mmask16,
         ),
@@ -594,7 +596,21 @@ impl OakenCodec {
                 _mm512_permutexvar_ps(k, base),
                 _mm512_mul_ps(_mm512_cvtepi32_ps(code), _mm512_permutexvar_ps(k, step)),
             );
-            f(i, code, value, live);
+            let z = _mm512_set1_epi32(grid.zero_code as i32);
+            let high = _mm512_cmpge_epi32_mask(code, z);
+            let middle = _mm512_fmadd_ps(
+                _mm512_add_ps(
+                    _mm512_cvtepi32_ps(_mm512_sub_epi32(code, z)),
+                    _mm512_set1_ps(0.5),
+                ),
+                _mm512_set1_ps(grid.step),
+                _mm512_mask_blend_ps(
+                    high,
+                    _mm512_set1_ps(self.thresholds.lo_inner),
+                    _mm512_set1_ps(self.thresholds.hi_inner),
+                ),
+            );
+            f(i, value, _mm512_sub_ps(value, middle), live);
         }
     }
 }
@@ -754,34 +770,25 @@ impl OakenCodec {
                         scales.outlier_steps[0][r],
                         scales.outlier_steps[1][r],
                     );
-                    let z = _mm512_set1_epi32(scales.zero_codes[r] as i32);
-                    let step = _mm512_set1_ps(scales.steps[r]);
                     let mut corrections = [_mm512_setzero_ps(); 4];
-                    self.for_each_sparse_chunk(row, &table, |element, code, value, live| {
-                        let high = _mm512_cmpge_epi32_mask(code, z);
-                        let middle = _mm512_fmadd_ps(
-                            _mm512_add_ps(
-                                _mm512_cvtepi32_ps(_mm512_sub_epi32(code, z)),
-                                _mm512_set1_ps(0.5),
-                            ),
-                            step,
-                            _mm512_mask_blend_ps(
-                                high,
-                                _mm512_set1_ps(t.lo_inner),
-                                _mm512_set1_ps(t.hi_inner),
-                            ),
-                        );
-                        let correction = _mm512_maskz_sub_ps(live, value, middle);
-                        let codes = gather(by_channel.as_ptr(), d, element);
-                        for (h, c) in corrections.iter_mut().enumerate() {
-                            // Byte `h`, sign-extended.
-                            let code = _mm512_srai_epi32::<24>(_mm512_sllv_epi32(
-                                codes,
-                                _mm512_set1_epi32(24 - 8 * h as i32),
-                            ));
-                            *c = _mm512_fmadd_ps(_mm512_cvtepi32_ps(code), correction, *c);
-                        }
-                    });
+                    let grid = scales.grid(r);
+                    self.for_each_sparse_chunk(
+                        row,
+                        &table,
+                        grid,
+                        |element, _, difference, live| {
+                            let difference = _mm512_maskz_mov_ps(live, difference);
+                            let codes = gather(by_channel.as_ptr(), d, element);
+                            for (h, c) in corrections.iter_mut().enumerate() {
+                                // Byte `h`, sign-extended.
+                                let code = _mm512_srai_epi32::<24>(_mm512_sllv_epi32(
+                                    codes,
+                                    _mm512_set1_epi32(24 - 8 * h as i32),
+                                ));
+                                *c = _mm512_fmadd_ps(_mm512_cvtepi32_ps(code), difference, *c);
+                            }
+                        },
+                    );
                     _mm_storeu_ps(
                         sums.as_mut_ptr(),
                         _mm512_castps512_ps128(levels::add4_ps(corrections)),
@@ -803,6 +810,220 @@ impl OakenCodec {
                 for h in 0..heads {
                     let out = scores[h0 + h].as_mut_ptr().add(block);
                     _mm512_mask_storeu_ps(out, mask, dense[h]);
+                }
+            }
+        }
+    }
+}
+
+impl OakenCodec {
+    /// [`Codec::accumulate_group`] on the bytes with 8-bit integer products, per tile of 64
+    /// rows and head: a row's value is `step·q + offset + Δ·[q ≥ z]` plus its sparse entries'
+    /// differences from their middle levels, so the sums are `Σ a_t·q_t` (weights `a = w·step`
+    /// rounded to i8 against their largest) and `Δ·Σ w_t·[q_t ≥ z_t]` (weights `w` rounded
+    /// likewise) by `vpdpbusd` over 4 rows at a time, `Σ w_t·offset_t` in f32 for every channel,
+    /// and each sparse entry's `w_t·(value − middle level)` added to its channel in f32.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx512vbmi,avx512vbmi2,f16c"
+    )]
+    unsafe fn accumulate_vnni(
+        &self,
+        weights: &[&[f32]],
+        blocks: &[u8],
+        accs: &mut [&mut [f32]],
+        ahead: &mut simd::Ahead,
+    ) {
+        use std::arch::x86_64::*;
+        const TILE: usize = 64;
+        let (d, bb) = (self.head_dim, self.block_bytes());
+        let n = blocks.len() / bb;
+        assert!(self.integer_scores() && weights.iter().all(|w| w.len() >= n));
+        assert!(accs.iter().all(|a| a.len() >= d));
+        let t = &self.thresholds;
+        let delta = t.hi_inner - t.lo_inner;
+        // The bytes of 4 rows' 16-byte pieces (one per 128-bit lane) with each byte position's
+        // 4 rows in one dword.
+        let interleave = _mm512_loadu_si512(
+            std::array::from_fn::<u8, 64, _>(|j| (16 * (j % 4) + j / 4) as u8).as_ptr() as *const _,
+        );
+        // Sums of a tile's low-nibble (even) and high-nibble (odd) channels to 32 channels in
+        // order: pairs (low l, high l).
+        let pairs = [0, 8].map(|first| {
+            _mm512_loadu_si512(
+                std::array::from_fn::<i32, 16, _>(|j| (first + j / 2) as i32 + 16 * (j % 2) as i32)
+                    .as_ptr() as *const _,
+            )
+        });
+        for h0 in (0..weights.len()).step_by(4) {
+            let heads = (weights.len() - h0).min(4);
+            let w: [&[f32]; 4] = std::array::from_fn(|h| weights[h0 + h.min(heads - 1)]);
+            let mut constant = [_mm512_setzero_ps(); 4];
+            // Sparse entries' terms, `[channel][head]`.
+            let mut sparse = [[0f32; 4]; 256];
+            let mut scales = [RowScales::default(); TILE / 16];
+            for tile in (0..n).step_by(TILE) {
+                let rows = (n - tile).min(TILE);
+                if h0 == 0 {
+                    ahead.rows(rows);
+                }
+                let first = &blocks[tile * bb..(tile + rows) * bb];
+                for (b, s) in scales.iter_mut().enumerate().take(rows.div_ceil(16)) {
+                    row_scales(&first[16 * b * bb..], bb, s);
+                }
+                let zero_code = |r: usize| scales[r / 16].zero_codes[r % 16];
+                let step = |r: usize| scales[r / 16].steps[r % 16];
+                // Per 16 rows: `16 − z` of each row as bytes (a quad's in one dword).
+                let mut flips = [0u32; TILE / 4];
+                for (b, s) in scales.iter().enumerate().take(rows.div_ceil(16)) {
+                    let z = _mm512_loadu_si512(s.zero_codes.as_ptr() as *const _);
+                    let flip = _mm512_cvtepi32_epi8(_mm512_sub_epi32(_mm512_set1_epi32(16), z));
+                    _mm_storeu_si128(flips.as_mut_ptr().add(4 * b) as *mut _, flip);
+                }
+                // Per head: both weights rounded to i8 against their largest (4 rows to a
+                // dword), their units, and `Σ w·offset`.
+                let mut rounded = [[[0i8; TILE]; 2]; 4];
+                let mut units = [[0f32; 2]; 4];
+                let blocks16 = rows.div_ceil(16);
+                let live = |b: usize| ((1u32 << (rows - 16 * b).min(16)) - 1) as __mmask16;
+                for (h, wh) in w.iter().enumerate() {
+                    let wh = wh.as_ptr().add(tile);
+                    let mut by_step = [_mm512_setzero_ps(); TILE / 16];
+                    let mut by_one = [_mm512_setzero_ps(); TILE / 16];
+                    for b in 0..blocks16 {
+                        let s = &scales[b];
+                        let x = _mm512_maskz_loadu_ps(live(b), wh.add(16 * b));
+                        let step = _mm512_loadu_ps(s.steps.as_ptr());
+                        let z = _mm512_cvtepu32_ps(_mm512_loadu_si512(
+                            s.zero_codes.as_ptr() as *const _
+                        ));
+                        let offset = _mm512_fmadd_ps(
+                            step,
+                            _mm512_sub_ps(_mm512_set1_ps(0.5), z),
+                            _mm512_set1_ps(t.lo_inner),
+                        );
+                        constant[h] = _mm512_fmadd_ps(x, offset, constant[h]);
+                        by_step[b] = _mm512_mul_ps(x, step);
+                        by_one[b] = x;
+                    }
+                    for (k, xs) in [by_step, by_one].iter().enumerate() {
+                        let largest = xs[..blocks16].iter().fold(_mm512_setzero_ps(), |m, &x| {
+                            _mm512_max_ps(m, _mm512_abs_ps(x))
+                        });
+                        let largest = _mm512_reduce_max_ps(largest);
+                        let inv = _mm512_set1_ps(if largest > 0.0 { 127.0 / largest } else { 0.0 });
+                        for (b, &x) in xs.iter().enumerate().take(blocks16) {
+                            let codes = _mm512_cvtps_epi32(_mm512_mul_ps(x, inv));
+                            _mm_storeu_si128(
+                                rounded[h][k].as_mut_ptr().add(16 * b) as *mut _,
+                                _mm512_cvtepi32_epi8(codes),
+                            );
+                        }
+                        units[h][k] = largest / 127.0 * if k == 1 { delta } else { 1.0 };
+                    }
+                }
+                // Dense: 32 channels (16 bytes of each row) at a time.
+                for piece in 0..d / 32 {
+                    let mut code_sums = [[_mm512_setzero_si512(); 2]; 4];
+                    let mut high_sums = [[_mm512_setzero_si512(); 2]; 4];
+                    for (quad, &flip) in flips.iter().enumerate().take(rows.div_ceil(4)) {
+                        let row = |j: usize| {
+                            let r = (4 * quad + j).min(rows - 1);
+                            first
+                                .as_ptr()
+                                .add(r * bb + self.dense_offset() + 16 * piece)
+                        };
+                        let mut x = _mm512_castsi128_si512(_mm_loadu_si128(row(0) as *const _));
+                        x = _mm512_inserti32x4::<1>(x, _mm_loadu_si128(row(1) as *const _));
+                        x = _mm512_inserti32x4::<2>(x, _mm_loadu_si128(row(2) as *const _));
+                        x = _mm512_inserti32x4::<3>(x, _mm_loadu_si128(row(3) as *const _));
+                        let x = _mm512_permutexvar_epi8(interleave, x);
+                        let flip = _mm512_set1_epi32(flip as i32);
+                        let nibble = _mm512_set1_epi32(0x0f0f_0f0f);
+                        let cuts = [
+                            _mm512_and_si512(x, nibble),
+                            _mm512_and_si512(_mm512_srli_epi32::<4>(x), nibble),
+                        ];
+                        let highs = cuts.map(|c| {
+                            _mm512_and_si512(
+                                _mm512_srli_epi32::<4>(_mm512_add_epi32(c, flip)),
+                                _mm512_set1_epi32(0x0101_0101),
+                            )
+                        });
+                        for h in 0..4 {
+                            let dword = |k: usize| {
+                                _mm512_set1_epi32(
+                                    (rounded[h][k].as_ptr().add(4 * quad) as *const i32)
+                                        .read_unaligned(),
+                                )
+                            };
+                            let (a, b) = (dword(0), dword(1));
+                            for c in 0..2 {
+                                code_sums[h][c] = _mm512_dpbusd_epi32(code_sums[h][c], cuts[c], a);
+                                high_sums[h][c] = _mm512_dpbusd_epi32(high_sums[h][c], highs[c], b);
+                            }
+                        }
+                    }
+                    for h in 0..heads {
+                        let [a, b] = units[h].map(|u| _mm512_set1_ps(u));
+                        let value = |c: usize| {
+                            _mm512_fmadd_ps(
+                                _mm512_cvtepi32_ps(code_sums[h][c]),
+                                a,
+                                _mm512_mul_ps(_mm512_cvtepi32_ps(high_sums[h][c]), b),
+                            )
+                        };
+                        let (low, high) = (value(0), value(1));
+                        let acc = accs[h0 + h].as_mut_ptr().add(32 * piece);
+                        for (j, pair) in pairs.iter().enumerate() {
+                            let v = _mm512_permutex2var_ps(low, *pair, high);
+                            let at = acc.add(16 * j);
+                            _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), v));
+                        }
+                    }
+                }
+                // Sparse entries: each row's 4 heads' weights times its entries' differences
+                // from their middle levels, into `sparse`.
+                for r in 0..rows {
+                    let row = &first[r * bb..];
+                    let table = self.outlier_steps_table(
+                        scales[r / 16].outlier_steps[0][r % 16],
+                        scales[r / 16].outlier_steps[1][r % 16],
+                    );
+                    let row_weights = _mm_setr_ps(
+                        w[0][tile + r],
+                        w[1][tile + r],
+                        w[2][tile + r],
+                        w[3][tile + r],
+                    );
+                    let grid = MiddleGrid {
+                        zero_code: zero_code(r) as usize,
+                        step: step(r),
+                    };
+                    let (mut elements, mut differences) = ([0u32; 32], [0f32; 32]);
+                    let mut count = 0;
+                    self.for_each_sparse_chunk(
+                        row,
+                        &table,
+                        grid,
+                        |element, _, difference, live| {
+                            _mm512_storeu_si512(elements[count..].as_mut_ptr() as *mut _, element);
+                            _mm512_storeu_ps(differences[count..].as_mut_ptr(), difference);
+                            count += (live as u32).count_ones() as usize;
+                        },
+                    );
+                    for (&e, &difference) in elements.iter().zip(&differences).take(count) {
+                        let at = sparse.as_mut_ptr().add(e as usize) as *mut f32;
+                        let term = _mm_mul_ps(_mm_set1_ps(difference), row_weights);
+                        _mm_storeu_ps(at, _mm_add_ps(_mm_loadu_ps(at), term));
+                    }
+                }
+            }
+            // The constant and the sparse terms, head by head.
+            for h in 0..heads {
+                let constant = _mm512_reduce_add_ps(constant[h]);
+                for (c, a) in accs[h0 + h][..d].iter_mut().enumerate() {
+                    *a += constant + sparse[c][h];
                 }
             }
         }
@@ -893,6 +1114,23 @@ impl Codec for OakenCodec {
             return unsafe { self.score_vnni(queries, blocks, scores, ahead) };
         }
         crate::tile::score_group(self, queries, blocks, scores, ahead);
+    }
+
+    /// On the integer kernels where the CPU has them ([`OakenCodec::accumulate_vnni`]), else
+    /// through decoded tiles.
+    fn accumulate_group(
+        &self,
+        weights: &[&[f32]],
+        blocks: &[u8],
+        accs: &mut [&mut [f32]],
+        ahead: &mut simd::Ahead,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if self.integer_scores() && levels::available() {
+            // SAFETY: the integer kernels' CPU features (AVX-512 F/BW/DQ/VL/VNNI/VBMI, F16C).
+            return unsafe { self.accumulate_vnni(weights, blocks, accs, ahead) };
+        }
+        crate::tile::accumulate_group(self, weights, blocks, accs, ahead);
     }
 
     fn encode(&self, rows: &[f32], out: &mut [u8]) -> Result<(), CodecError> {
@@ -1367,6 +1605,109 @@ mod tests {
                     assert!(
                         (got - exact).abs() <= bound + 1e-5 * size.max(1.0),
                         "d{head_dim} head {h} row {t}: {got} vs exact {exact}, bound {bound}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn integer_sums_match_the_plain_algorithm_and_the_rounding_bound() {
+        if !levels::available() {
+            return;
+        }
+        for (head_dim, capacity) in [(64, 8), (128, 16), (128, 4), (256, 32)] {
+            let codec = OakenCodec::new(thresholds(), head_dim, capacity).unwrap();
+            // 150 rows (two tiles of 64 and a partial one): Gaussian, then zeros, one-sided
+            // and flat rows.
+            let mut rows = sample_rows(146, head_dim, 51);
+            rows.extend(std::iter::repeat_n(0.0, head_dim));
+            rows.extend((0..head_dim).map(|c| 0.2 + c as f32 * 0.01));
+            rows.extend((0..head_dim).map(|c| -0.3 - c as f32 * 0.02));
+            rows.extend(std::iter::repeat_n(0.05, head_dim));
+            let n = rows.len() / head_dim;
+            let mut blocks = vec![0u8; n * codec.block_bytes()];
+            for (row, block) in rows
+                .chunks_exact(head_dim)
+                .zip(blocks.chunks_exact_mut(codec.block_bytes()))
+            {
+                codec.encode(row, block).unwrap();
+            }
+            // Five heads (a pass of four and one of one), weights of both signs.
+            let mut rng = seeded_rng(52, 0);
+            let weights: Vec<Vec<f32>> = (0..5)
+                .map(|_| (0..n).map(|_| rng.gen_range(-0.2..1.0)).collect())
+                .collect();
+            let views: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
+            let mut accs = vec![vec![0.5f32; head_dim]; 5];
+            let mut outs: Vec<&mut [f32]> = accs.iter_mut().map(Vec::as_mut_slice).collect();
+            codec.accumulate_group(&views, &blocks, &mut outs, &mut simd::Ahead::none());
+            let t = codec.thresholds;
+            let delta = f64::from(t.hi_inner - t.lo_inner);
+            for (h, w) in weights.iter().enumerate() {
+                // Per tile of 64 rows: `w·step` and `w` rounded to i8 against their largest
+                // (f32, ties to even as the vector conversion rounds), against the codes and
+                // the high-branch flags; `w·offset` and the sparse entries' differences from
+                // their middle levels exactly.
+                let mut want = vec![0.5f64; head_dim];
+                let mut bound = vec![0f64; head_dim];
+                let mut exact = vec![0.5f64; head_dim];
+                for tile in (0..n).step_by(64) {
+                    let rows = tile..n.min(tile + 64);
+                    let grid = |r: usize| {
+                        let row = &blocks[r * codec.block_bytes()..];
+                        MiddleGrid::new(f16_at(row, 0), f16_at(row, 1))
+                    };
+                    let round = |xs: Vec<f32>| {
+                        let largest = xs.iter().fold(0f32, |m, x| m.max(x.abs()));
+                        let inv = if largest > 0.0 { 127.0 / largest } else { 0.0 };
+                        let codes: Vec<f64> = xs
+                            .iter()
+                            .map(|&x| f64::from((x * inv).round_ties_even()))
+                            .collect();
+                        (codes, f64::from(largest / 127.0))
+                    };
+                    let (by_step, step_unit) =
+                        round(rows.clone().map(|r| w[r] * grid(r).step).collect());
+                    let (by_one, one_unit) = round(rows.clone().map(|r| w[r]).collect());
+                    for (k, r) in rows.clone().enumerate() {
+                        let row = &blocks[r * codec.block_bytes()..][..codec.block_bytes()];
+                        let g = grid(r);
+                        let offset =
+                            f64::from(g.step) * (0.5 - g.zero_code as f64) + f64::from(t.lo_inner);
+                        let dense = &row[codec.dense_offset()..codec.sparse_offset()];
+                        let mut decoded = vec![0f32; head_dim];
+                        codec.decode(row, &mut decoded);
+                        for c in 0..head_dim {
+                            let code = usize::from((dense[c / 2] >> (4 * (c % 2))) & 15);
+                            let high = f64::from(u8::from(code >= g.zero_code));
+                            want[c] += step_unit * by_step[k] * code as f64
+                                + one_unit * delta * by_one[k] * high
+                                + f64::from(w[r]) * offset;
+                            bound[c] +=
+                                step_unit / 2.0 * code as f64 + one_unit * delta / 2.0 * high;
+                            exact[c] += f64::from(w[r]) * f64::from(decoded[c]);
+                        }
+                        let tables = codec.tables(row);
+                        codec.for_each_outlier(row, &tables.outliers, |i, code, value| {
+                            let middle = f64::from(tables.middle[usize::from(code)]);
+                            want[i] += f64::from(w[r]) * (f64::from(value) - middle);
+                        });
+                    }
+                }
+                let size = exact.iter().fold(1f64, |m, x| m.max(x.abs()));
+                for c in 0..head_dim {
+                    let got = f64::from(accs[h][c]);
+                    assert!(
+                        (got - want[c]).abs() <= 1e-5 * size,
+                        "d{head_dim} cap {capacity} head {h} channel {c}: {got} vs {}",
+                        want[c]
+                    );
+                    assert!(
+                        (got - exact[c]).abs() <= bound[c] + 1e-5 * size,
+                        "d{head_dim} head {h} channel {c}: {got} vs exact {}, bound {}",
+                        exact[c],
+                        bound[c]
                     );
                 }
             }
