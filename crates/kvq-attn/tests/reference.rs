@@ -82,6 +82,20 @@ fn check_dim(
     ctx: usize,
     queries: usize,
 ) {
+    check_keys(spec, head_dim, options, window, ctx, queries, |_, _| {});
+}
+
+/// [`check_dim`] with the keys edited by `edit(keys, queries)` before they are stored (token
+/// after token, `KV_HEADS × head_dim` each; queries likewise, `Q_HEADS × head_dim`).
+fn check_keys(
+    spec: &str,
+    head_dim: usize,
+    options: CacheOptions,
+    window: Option<usize>,
+    ctx: usize,
+    queries: usize,
+    edit: impl Fn(&mut [f32], &[f32]),
+) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(ctx as u64 + queries as u64);
     let shape = LayerShape {
         kv_heads: KV_HEADS,
@@ -94,8 +108,12 @@ fn check_dim(
         KvCache::new(&[shape], &policy, &[(cal.clone(), cal)], options, ctx, 1).unwrap();
     let seq = cache.add_sequence();
     let n = ctx * KV_HEADS * head_dim;
-    let k: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let mut k: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let q: Vec<f32> = (0..queries * Q_HEADS * head_dim)
+        .map(|_| rng.gen_range(-3.0..3.0))
+        .collect();
+    edit(&mut k, &q);
     let before = ctx - queries;
     let row = KV_HEADS * head_dim;
     // Appends stay within the cache's `max_append_tokens`, as a model's prefill chunks do.
@@ -114,9 +132,6 @@ fn check_dim(
     cache
         .append(seq, 0, &k[before * row..], &v[before * row..], queries)
         .unwrap();
-    let q: Vec<f32> = (0..queries * Q_HEADS * head_dim)
-        .map(|_| rng.gen_range(-3.0..3.0))
-        .collect();
     let positions: Vec<usize> = (before..ctx).collect();
     let params = AttnParams {
         q_heads: Q_HEADS,
@@ -203,5 +218,29 @@ fn hot_windows_and_sinks_are_attended_in_full_precision() {
         };
         check("kivi2", opts, None, 257, 1);
         check("q4_0", opts, Some(70), 190, 20);
+    }
+}
+
+#[test]
+fn a_score_far_above_the_first_rows_raises_the_softmax_reference() {
+    // Token 995 of 1000 (past the first 64 rows of the span the threads take it in): its keys along
+    // the query of head 0, so that the score passes the others by ~150, far beyond the
+    // headroom of the one-pass softmax (kvq_attn::softmax_step), which must raise its
+    // reference instead of overflowing.
+    let opts = CacheOptions {
+        page_tokens: 128,
+        max_append_tokens: 64,
+        ..Default::default()
+    };
+    let (ctx, d) = (1000, D);
+    let jump = |k: &mut [f32], q: &[f32]| {
+        let norm = q[..d].iter().map(|x| x * x).sum::<f32>().sqrt();
+        let row = &mut k[995 * KV_HEADS * d..][..d];
+        for (x, &y) in row.iter_mut().zip(&q[..d]) {
+            *x = y / norm * 150.0 * (d as f32).sqrt() / norm;
+        }
+    };
+    for spec in ["f16", "q8_0"] {
+        check_keys(spec, d, opts, None, ctx, 1, jump);
     }
 }

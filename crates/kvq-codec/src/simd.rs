@@ -401,6 +401,23 @@ pub fn exp_shifted(xs: &mut [f32], max: f32) -> f32 {
     sum
 }
 
+/// [`exp_shifted`] of the longest prefix of `xs` whose values are at most `max + headroom`
+/// (on the vector path, whole 16-value chunks): the softmax step against a reference that may
+/// lie below the largest score, one pass instead of a pass for the maximum first. Returns the
+/// sum and the length done; a caller that gets less than `xs.len()` raises the reference.
+pub fn exp_shifted_below(xs: &mut [f32], max: f32, headroom: f32) -> (f32, usize) {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx512() {
+        // SAFETY: the CPU supports AVX-512F.
+        return unsafe { avx512::exp_shifted_below(xs, max, headroom) };
+    }
+    let n = xs
+        .iter()
+        .position(|&x| x > max + headroom)
+        .unwrap_or(xs.len());
+    (exp_shifted(&mut xs[..n], max), n)
+}
+
 /// The 8 codes of width `B` packed in `bytes[..B]` (least significant bit first).
 #[inline(always)]
 fn eight_codes<const B: usize>(bytes: &[u8]) -> [u8; 8] {
@@ -1373,6 +1390,29 @@ mod avx512 {
             sum = _mm512_add_ps(sum, e);
         }
         _mm512_reduce_add_ps(sum)
+    }
+
+    /// [`super::exp_shifted_below`].
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn exp_shifted_below(xs: &mut [f32], max: f32, headroom: f32) -> (f32, usize) {
+        let m = _mm512_set1_ps(max);
+        let ceiling = _mm512_set1_ps(max + headroom);
+        let mut sum = _mm512_setzero_ps();
+        for (k, c) in xs.chunks_mut(16).enumerate() {
+            let lanes: __mmask16 = if c.len() == 16 {
+                !0
+            } else {
+                (1 << c.len()) - 1
+            };
+            let x = _mm512_maskz_loadu_ps(lanes, c.as_ptr());
+            if _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(lanes, x, ceiling) != 0 {
+                return (_mm512_reduce_add_ps(sum), 16 * k);
+            }
+            let e = _mm512_maskz_mov_ps(lanes, exp16(_mm512_sub_ps(x, m)));
+            _mm512_mask_storeu_ps(c.as_mut_ptr(), lanes, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        (_mm512_reduce_add_ps(sum), xs.len())
     }
 
     /// 16 values at element `i` of the row at `row` (no bounds check).
