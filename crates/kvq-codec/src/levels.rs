@@ -2073,19 +2073,18 @@ mod avx512 {
         // One map per row and one query scale (`quantize_query` gives such rows one; KIVI's
         // block queries have one per group): the groups' integer dots add up, and the row is
         // finished once, with the groups' query terms summed.
-        let sigma = |h: usize, g: usize| *q[h].add(w / 4 + QUERY_MAP * g);
-        let one_map = format.maps.channels >= w
-            && (0..H).all(|h| (1..w / GROUP).all(|g| sigma(h, g) == sigma(h, 0)));
-        let query_terms = |h: usize, k: usize| {
-            (0..w / GROUP)
-                .map(|g| *q[h].add(w / 4 + QUERY_MAP * g + k))
-                .sum::<f32>()
-        };
-        let sums: [[f32; 2]; H] = if one_map {
-            std::array::from_fn(|h| [query_terms(h, 1), query_terms(h, 2)])
-        } else {
-            [[0.0; 2]; H]
-        };
+        // (Plain loops: as closures they were calls, 2.6% of a 3-bit cache's attention.)
+        let mut one_map = format.maps.channels >= w;
+        let mut sums = [[0f32; 2]; H];
+        for (h, sum) in sums.iter_mut().enumerate() {
+            let maps = q[h].add(w / 4);
+            for g in 0..w / GROUP {
+                let map = maps.add(QUERY_MAP * g);
+                one_map &= *map == *maps;
+                sum[0] += *map.add(1);
+                sum[1] += *map.add(2);
+            }
+        }
         for block in (0..n).step_by(16) {
             ahead.rows(16);
             let mut acc = [_mm512_setzero_ps(); H];
