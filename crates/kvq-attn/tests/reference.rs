@@ -223,9 +223,9 @@ fn hot_windows_and_sinks_are_attended_in_full_precision() {
 
 #[test]
 fn a_score_far_above_the_first_rows_raises_the_softmax_reference() {
-    // Token 995 of 1000 (past the first 64 rows of the span the threads take it in): its keys along
-    // the query of head 0, so that the score passes the others by ~150, far beyond the
-    // headroom of the one-pass softmax (kvq_attn::softmax_step), which must raise its
+    // Token 995 of 1000 (past the first 64 rows of the span the threads take it in): its
+    // keys along the query of head 0, so that the score passes the others by ~150, far beyond
+    // the headroom of the one-pass softmax (kvq_attn::softmax_step), which must raise its
     // reference instead of overflowing.
     let opts = CacheOptions {
         page_tokens: 128,

@@ -46,6 +46,10 @@
 //!
 //! [`Codec::score`] and [`Codec::accumulate`] work on the bytes: a 16-entry table of middle
 //! levels per token, a pass over the dense nibbles, then a correction at each sparse entry.
+//! The group kernels of attention do the same with 8-bit integer products where the CPU has
+//! AVX-512 VNNI (`OakenCodec::score_vnni`, `OakenCodec::accumulate_vnni`): a middle level is
+//! affine in its code but for a jump of `hi_inner − lo_inner` at the zero code, so the dense
+//! part is two integer dot products (codes, and flags `code ≥ z`).
 
 use crate::levels::{self, CodeLayout, LevelFormat, MapLayout};
 use crate::{check_finite, simd, Calibration, Codec, CodecError, OakenThresholds};
@@ -1099,7 +1103,7 @@ impl Codec for OakenCodec {
         }
     }
 
-    /// On the integer kernels where the CPU has them ([`OakenCodec::score_vnni`]), else
+    /// On the integer kernels where the CPU has them (`OakenCodec::score_vnni`), else
     /// through decoded tiles.
     fn score_group(
         &self,
@@ -1110,13 +1114,13 @@ impl Codec for OakenCodec {
     ) {
         #[cfg(target_arch = "x86_64")]
         if self.integer_scores() && levels::available() {
-            // SAFETY: the integer kernels' CPU features (AVX-512 F/BW/DQ/VL/VNNI, F16C).
+            // SAFETY: `levels::available` checked the kernels' CPU features.
             return unsafe { self.score_vnni(queries, blocks, scores, ahead) };
         }
         crate::tile::score_group(self, queries, blocks, scores, ahead);
     }
 
-    /// On the integer kernels where the CPU has them ([`OakenCodec::accumulate_vnni`]), else
+    /// On the integer kernels where the CPU has them (`OakenCodec::accumulate_vnni`), else
     /// through decoded tiles.
     fn accumulate_group(
         &self,
@@ -1127,7 +1131,7 @@ impl Codec for OakenCodec {
     ) {
         #[cfg(target_arch = "x86_64")]
         if self.integer_scores() && levels::available() {
-            // SAFETY: the integer kernels' CPU features (AVX-512 F/BW/DQ/VL/VNNI/VBMI, F16C).
+            // SAFETY: `levels::available` checked the kernels' CPU features.
             return unsafe { self.accumulate_vnni(weights, blocks, accs, ahead) };
         }
         crate::tile::accumulate_group(self, weights, blocks, accs, ahead);
