@@ -386,7 +386,7 @@ pub fn exp_shifted(xs: &mut [f32], max: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if use_avx512() {
         // SAFETY: the CPU supports AVX-512F.
-        return unsafe { avx512::exp_shifted(xs, max) };
+        return unsafe { avx512::exp_shifted_below(xs, max, f32::INFINITY).0 };
     }
     #[cfg(target_arch = "x86_64")]
     if use_avx2() {
@@ -1373,26 +1373,7 @@ mod avx512 {
         _mm512_scalef_ps(p, n)
     }
 
-    /// [`super::exp_shifted`].
-    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
-    pub unsafe fn exp_shifted(xs: &mut [f32], max: f32) -> f32 {
-        let m = _mm512_set1_ps(max);
-        let mut sum = _mm512_setzero_ps();
-        for c in xs.chunks_mut(16) {
-            let lanes: __mmask16 = if c.len() == 16 {
-                !0
-            } else {
-                (1 << c.len()) - 1
-            };
-            let x = _mm512_maskz_loadu_ps(lanes, c.as_ptr());
-            let e = _mm512_maskz_mov_ps(lanes, exp16(_mm512_sub_ps(x, m)));
-            _mm512_mask_storeu_ps(c.as_mut_ptr(), lanes, e);
-            sum = _mm512_add_ps(sum, e);
-        }
-        _mm512_reduce_add_ps(sum)
-    }
-
-    /// [`super::exp_shifted_below`].
+    /// [`super::exp_shifted_below`] (and with an infinite headroom [`super::exp_shifted`]).
     #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
     pub unsafe fn exp_shifted_below(xs: &mut [f32], max: f32, headroom: f32) -> (f32, usize) {
         let m = _mm512_set1_ps(max);
@@ -1818,6 +1799,32 @@ mod tests {
                     "bits {bits} group {group} {params:?}"
                 );
                 assert!(s.iter().any(|&x| x != 0.0));
+            }
+        }
+    }
+
+    #[test]
+    fn exp_below_a_headroom_stops_before_the_first_value_above_it() {
+        // Value 40 passes `max + headroom`: the vector path stops at its 16-value chunk (32),
+        // the others at the value (40); what is done is exponentiated, the rest untouched.
+        let mut xs: Vec<f32> = (0..100).map(|i| -((i % 11) as f32) * 0.5).collect();
+        xs[40] = 20.0;
+        for scalar in [false, true] {
+            let mut v = xs.clone();
+            let mut run = || exp_shifted_below(&mut v, 0.0, 10.0);
+            let (sum, done) = if scalar { force_scalar(run) } else { run() };
+            assert!(
+                (32..=40).contains(&done),
+                "scalar {scalar}: stopped at {done}"
+            );
+            let want: f32 = xs[..done].iter().map(|x| x.exp()).sum();
+            assert!((sum - want).abs() <= 1e-5 * want, "{sum} vs {want}");
+            for (i, (a, x)) in v.iter().zip(&xs).enumerate() {
+                let expected = if i < done { x.exp() } else { *x };
+                assert!(
+                    (a - expected).abs() <= 1e-6 * (1.0 + expected.abs()),
+                    "element {i}"
+                );
             }
         }
     }
