@@ -148,9 +148,8 @@ pub struct CacheArgs {
     /// Seed of the random rotations of TurboQuant schemes
     #[arg(long, default_value_t = 0x6b7671)]
     pub rotation_seed: u64,
-    /// Compute attention on 1–5-bit caches and Oaken's keys with the f32 kernels instead of the
-    /// 8-bit integer (AVX-512 VNNI) ones, which round queries and softmax weights to 8 bits;
-    /// slower
+    /// Compute attention on 1–5-bit caches and Oaken with the f32 kernels instead of the 8-bit
+    /// integer (AVX-512 VNNI) ones, which round queries and softmax weights to 8 bits; slower
     #[arg(long)]
     pub f32_attention: bool,
     #[arg(skip)]
