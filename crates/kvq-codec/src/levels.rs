@@ -467,9 +467,12 @@ impl Interleaving {
         for run in runs {
             let run_words: Vec<usize> = words(&run.format);
             let shares = |w: &Vec<usize>| w.iter().any(|x| run_words.contains(x));
-            // 1- and 5-bit runs (TurboQuant-prod's QJL signs, q5_0/q5_1) stay row by row:
-            // the interleaved kernels cut 2- to 4-bit codes.
-            let interleavable = run.format.supported() && (2..=4).contains(&run.format.code_bits());
+            // The interleaved kernels cut 2- to 4-bit codes, and 1-bit keys (TurboQuant-prod's
+            // QJL signs) from words as 4-bit ones; 5-bit runs (q5_0/q5_1) and 1-bit values
+            // stay row by row.
+            let bits = run.format.code_bits();
+            let interleavable = run.format.supported()
+                && ((2..=4).contains(&bits) || (bits == 1 && order == KernelOrder::Scores));
             if !interleavable || maps.iter().any(|w| shares(w) && *w != run_words) {
                 return None;
             }
@@ -560,7 +563,7 @@ impl Interleaving {
         let code_byte =
             |r: usize, s: usize| (0..8).map(move |j| bit_of(r * rb + f.stream_byte(s), j));
         match (self.order, bits) {
-            (KernelOrder::Scores, 4) => {
+            (KernelOrder::Scores, 4 | 1) => {
                 for word in 0..stream / 4 {
                     for r in 0..rows {
                         sources.extend((0..4).flat_map(|b| code_byte(r, 4 * word + b)));
@@ -1714,9 +1717,9 @@ mod avx512 {
             words: &Self::Words,
             local: usize,
         ) -> [__m512i; 8] {
-            debug_assert!(B <= 4, "interleaved blocks hold 2- to 4-bit codes");
-            if B == 4 {
-                return decoder.cut_group::<4>(words, local);
+            debug_assert!(B <= 4, "interleaved blocks hold 1- to 4-bit codes");
+            if B == 4 || B == 1 {
+                return decoder.cut_group::<B>(words, local);
             }
             let plane = |p: usize| words.word(B * local + p);
             let low = [plane(0), plane(1)];
