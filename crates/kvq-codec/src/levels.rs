@@ -467,12 +467,9 @@ impl Interleaving {
         for run in runs {
             let run_words: Vec<usize> = words(&run.format);
             let shares = |w: &Vec<usize>| w.iter().any(|x| run_words.contains(x));
-            // The interleaved kernels cut 2- to 4-bit codes, and 1-bit keys (TurboQuant-prod's
-            // QJL signs) from words as 4-bit ones; 5-bit runs (q5_0/q5_1) and 1-bit values
-            // stay row by row.
-            let bits = run.format.code_bits();
-            let interleavable = run.format.supported()
-                && ((2..=4).contains(&bits) || (bits == 1 && order == KernelOrder::Scores));
+            // The interleaved kernels cut 1- to 4-bit codes; 5-bit runs (q5_0/q5_1) stay row
+            // by row.
+            let interleavable = run.format.supported() && (1..=4).contains(&run.format.code_bits());
             if !interleavable || maps.iter().any(|w| shares(w) && *w != run_words) {
                 return None;
             }
@@ -603,16 +600,18 @@ impl Interleaving {
             }
             // Per pair of quads and 64 codes: each quad's low bit pairs (byte `4l + r` holds
             // codes `l, 16 + l, 32 + l, 48 + l` of its row `r`, two bits each), then for 3
-            // bits their high bits (the first quad's in the low nibbles).
+            // bits their high bits (the first quad's in the low nibbles); 1-bit codes are
+            // that plane alone.
             (KernelOrder::Sums, _) => {
                 for pair in 0..rows / 8 {
                     for slice in 0..f.width / 64 {
                         for plane in 0..bits {
                             for y in 0..64 {
                                 for t in 0..8 {
-                                    let (quad, j, bit) = match plane {
-                                        2 => (2 * pair + t / 4, t % 4, 2),
-                                        q => (2 * pair + q, t / 2, t % 2),
+                                    let (quad, j, bit) = match (bits, plane) {
+                                        (1, _) => (2 * pair + t / 4, t % 4, 0),
+                                        (_, 2) => (2 * pair + t / 4, t % 4, 2),
+                                        (_, q) => (2 * pair + q, t / 2, t % 2),
                                     };
                                     let r = 4 * quad + y % 4;
                                     sources.push(code_bit(r, 64 * slice + 16 * j + y / 4, bit));
@@ -1746,6 +1745,16 @@ mod avx512 {
             let slices = decoder.format.width / 64;
             let (pair, second) = ((k % (INTERLEAVED_ROWS / 4)) / 2, k % 2);
             let at = self.codes(4 * k).add(64 * B * (pair * slices + half));
+            if B == 1 {
+                // One plane for both quads: this quad's 4 bits per byte, code `16j + l` bit j.
+                let bits = _mm512_loadu_si512(at as *const _);
+                return std::array::from_fn(|j| {
+                    let shift = _mm512_set1_epi32((4 * second + j) as i32);
+                    let code =
+                        _mm512_and_si512(_mm512_srlv_epi32(bits, shift), _mm512_set1_epi8(1));
+                    decoder.level(code)
+                });
+            }
             let low = _mm512_loadu_si512(at.add(64 * second) as *const _);
             let high = if B == 3 {
                 _mm512_loadu_si512(at.add(128) as *const _)

@@ -24,11 +24,10 @@ fn wrapped_codecs() -> Vec<Wrapped> {
                     continue;
                 };
                 let wrapped = interleave(inner, role);
-                // The interleaved kernels cut 2- to 4-bit codes and 1-bit keys (prod's QJL
-                // signs): 1-bit values and 5-bit runs (q5_0, q5_1) stay row by row.
+                // The interleaved kernels cut 1- to 4-bit codes: 5-bit runs (q5_0, q5_1) stay
+                // row by row.
                 let cut = |f: &kvq_codec::levels::LevelFormat| {
-                    let bits = f.code_bits();
-                    f.supported() && ((2..=4).contains(&bits) || (bits == 1 && role == Role::Key))
+                    f.supported() && (1..=4).contains(&f.code_bits())
                 };
                 let segments = plain.level_segments();
                 let levels = plain.level_format().is_some_and(|f| cut(&f))
