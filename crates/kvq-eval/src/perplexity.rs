@@ -11,6 +11,10 @@ use rayon::prelude::*;
 /// Rows of logits computed at a time (each row holds a whole vocabulary).
 const LOGIT_ROWS: usize = 32;
 
+/// Tokens of a chunk run through the model at a time (llama.cpp's `n_ubatch`): sliding-window
+/// layers then hold their window and this many tokens, not the whole chunk.
+pub const PREFILL_TOKENS: usize = 512;
+
 /// Settings of a perplexity run.
 #[derive(Clone, Debug)]
 pub struct PplOptions {
@@ -150,7 +154,7 @@ pub fn perplexity_many(
     let chunks = chunks.min(tokens.len() / ctx);
     let vocab = model.config.vocab;
     let first = ctx / 2;
-    let build = |s: &CacheSetup| s.build(model, ctx, ctx);
+    let build = |s: &CacheSetup| s.build(model, ctx, ctx.min(PREFILL_TOKENS));
     let mut ref_cache = reference.map(build).transpose()?;
     // Schemes that store exactly what the reference stores reuse its hidden states.
     let mut caches = schemes
@@ -165,11 +169,23 @@ pub fn perplexity_many(
     for chunk in 0..chunks {
         let mut batch = tokens[chunk * ctx..(chunk + 1) * ctx].to_vec();
         batch[0] = bos;
+        // The chunk [`PREFILL_TOKENS`] at a time; the hidden states from `first` on.
         let run = |cache: &mut KvCache| -> Result<Vec<f32>, ModelError> {
             let seq = cache.add_sequence();
-            let hidden = model.forward(cache, seq, &batch, first);
+            let mut hidden = Vec::new();
+            for start in (0..ctx).step_by(PREFILL_TOKENS) {
+                let piece = &batch[start..ctx.min(start + PREFILL_TOKENS)];
+                let from = first.saturating_sub(start).min(piece.len());
+                match model.forward(cache, seq, piece, from) {
+                    Ok(h) => hidden.extend(h),
+                    Err(e) => {
+                        cache.release(seq)?;
+                        return Err(e);
+                    }
+                }
+            }
             cache.release(seq)?;
-            hidden
+            Ok(hidden)
         };
         let ref_hidden = ref_cache.as_mut().map(run).transpose()?;
         let hidden = caches
