@@ -133,7 +133,7 @@ fn chunks_prefilled_in_pieces_score_as_one_forward_does() {
         ctx,
         1,
         None,
-        &[f16.clone()],
+        std::slice::from_ref(&f16),
         |_, _| {},
     )
     .unwrap()
