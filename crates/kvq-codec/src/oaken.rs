@@ -450,6 +450,12 @@ impl OakenCodec {
         self.outlier_steps_table(f16_at(row, 2) / 15.0, f16_at(row, 3) / 15.0)
     }
 
+    /// The outlier table of row `r` of `scales`.
+    #[cfg(target_arch = "x86_64")]
+    fn scaled_outlier_table(&self, scales: &RowScales, r: usize) -> OutlierTable {
+        self.outlier_steps_table(scales.outlier_steps[0][r], scales.outlier_steps[1][r])
+    }
+
     /// The table of a row whose outer and inner steps (`M/15`) are given.
     fn outlier_steps_table(&self, outer_step: f32, inner_step: f32) -> OutlierTable {
         let t = &self.thresholds;
@@ -478,6 +484,28 @@ impl OakenCodec {
         }
     }
 
+    /// The 16 middle levels of a row whose grid is `grid`, threshold added back, in one vector
+    /// (the same operations as [`MiddleGrid::level`] and [`OakenCodec::tables`]).
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn middle_levels(&self, grid: MiddleGrid) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let t = &self.thresholds;
+        let codes = _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        );
+        let zero_code = _mm512_set1_ps(grid.zero_code as f32);
+        let levels = _mm512_mul_ps(
+            _mm512_add_ps(_mm512_sub_ps(codes, zero_code), _mm512_set1_ps(0.5)),
+            _mm512_set1_ps(grid.step),
+        );
+        let high = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(codes, zero_code);
+        let thresholds =
+            _mm512_mask_blend_ps(high, _mm512_set1_ps(t.lo_inner), _mm512_set1_ps(t.hi_inner));
+        _mm512_add_ps(levels, thresholds)
+    }
+
     /// [`Codec::decode`] of one row whose grid is `grid`, with AVX-512: the 16 middle levels
     /// in one vector (the same operations as [`MiddleGrid::level`]), the dense nibbles through
     /// it with `vpermps`, then the sparse entries over them.
@@ -492,19 +520,7 @@ impl OakenCodec {
     ) {
         use std::arch::x86_64::*;
         assert!(self.head_dim.is_multiple_of(16) && out.len() == self.head_dim);
-        let t = &self.thresholds;
-        let codes = _mm512_setr_ps(
-            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
-        );
-        let zero_code = _mm512_set1_ps(grid.zero_code as f32);
-        let levels = _mm512_mul_ps(
-            _mm512_add_ps(_mm512_sub_ps(codes, zero_code), _mm512_set1_ps(0.5)),
-            _mm512_set1_ps(grid.step),
-        );
-        let high = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(codes, zero_code);
-        let thresholds =
-            _mm512_mask_blend_ps(high, _mm512_set1_ps(t.lo_inner), _mm512_set1_ps(t.hi_inner));
-        let middle = _mm512_add_ps(levels, thresholds);
+        let middle = self.middle_levels(grid);
         // Element 2j is the low nibble of dense byte j, 2j + 1 its high nibble.
         let shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
         let dense = row.as_ptr().add(self.dense_offset());
@@ -570,6 +586,7 @@ impl OakenCodec {
         }
         let base = _mm512_castps128_ps512(_mm_loadu_ps(table.base.as_ptr()));
         let step = _mm512_castps128_ps512(_mm_loadu_ps(table.step.as_ptr()));
+        let middle_levels = self.middle_levels(grid);
         for chunk in 0..capacity.div_ceil(16) {
             let dwords = (capacity / 4 - 4 * chunk).min(4);
             let bytes = _mm_maskz_loadu_epi32(lanes(dwords) as __mmask8, entries.add(4 * chunk));
@@ -600,20 +617,7 @@ impl OakenCodec {
                 _mm512_permutexvar_ps(k, base),
                 _mm512_mul_ps(_mm512_cvtepi32_ps(code), _mm512_permutexvar_ps(k, step)),
             );
-            let z = _mm512_set1_epi32(grid.zero_code as i32);
-            let high = _mm512_cmpge_epi32_mask(code, z);
-            let middle = _mm512_fmadd_ps(
-                _mm512_add_ps(
-                    _mm512_cvtepi32_ps(_mm512_sub_epi32(code, z)),
-                    _mm512_set1_ps(0.5),
-                ),
-                _mm512_set1_ps(grid.step),
-                _mm512_mask_blend_ps(
-                    high,
-                    _mm512_set1_ps(self.thresholds.lo_inner),
-                    _mm512_set1_ps(self.thresholds.hi_inner),
-                ),
-            );
+            let middle = _mm512_permutexvar_ps(code, middle_levels);
             f(i, value, _mm512_sub_ps(value, middle), live);
         }
     }
@@ -652,6 +656,25 @@ impl OakenCodec {
         self.head_dim <= 256
             && self.outlier_capacity <= 32
             && self.outlier_capacity.is_multiple_of(4)
+    }
+
+    /// `step·(½ − z) + lo_inner` of 16 rows (`z` their zero codes): the middle level of code
+    /// `q` less `step·q + Δ·[q ≥ z]`, the part of a row's values the integer kernels do not
+    /// multiply.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn middle_offsets(
+        &self,
+        step: std::arch::x86_64::__m512,
+        z: std::arch::x86_64::__m512i,
+    ) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_fmadd_ps(
+            step,
+            _mm512_sub_ps(_mm512_set1_ps(0.5), _mm512_cvtepu32_ps(z)),
+            _mm512_set1_ps(self.thresholds.lo_inner),
+        )
     }
 
     /// [`Codec::score_group`] on the bytes with 8-bit integer dot products, 16 rows at a time.
@@ -738,10 +761,7 @@ impl OakenCodec {
                                 },
                                 _mm512_set1_epi32(0x0f0f_0f0f),
                             );
-                            let high = _mm512_and_si512(
-                                _mm512_srli_epi32::<4>(_mm512_add_epi32(cut, flip)),
-                                _mm512_set1_epi32(0x0101_0101),
-                            );
+                            let high = high_branch(cut, flip);
                             let slot = 2 * (16 * chunk + j) + half;
                             for h in 0..4 {
                                 let qd = _mm512_set1_epi32(codes(h, slot));
@@ -751,11 +771,7 @@ impl OakenCodec {
                         }
                     }
                 }
-                let offset = _mm512_fmadd_ps(
-                    step,
-                    _mm512_sub_ps(_mm512_set1_ps(0.5), _mm512_cvtepu32_ps(z)),
-                    _mm512_set1_ps(t.lo_inner),
-                );
+                let offset = self.middle_offsets(step, z);
                 let mut dense: [__m512; 4] = std::array::from_fn(|h| {
                     let dot = _mm512_fmadd_ps(
                         _mm512_cvtepi32_ps(code_dots[h]),
@@ -770,10 +786,7 @@ impl OakenCodec {
                 let mut sparse = [[0f32; 4]; 16];
                 for (r, sums) in sparse.iter_mut().enumerate().take(rows) {
                     let row = &first[r * bb..];
-                    let table = self.outlier_steps_table(
-                        scales.outlier_steps[0][r],
-                        scales.outlier_steps[1][r],
-                    );
+                    let table = self.scaled_outlier_table(&scales, r);
                     let mut corrections = [_mm512_setzero_ps(); 4];
                     let grid = scales.grid(r);
                     self.for_each_sparse_chunk(
@@ -875,8 +888,6 @@ impl OakenCodec {
                 for (b, s) in scales.iter_mut().enumerate().take(rows.div_ceil(16)) {
                     row_scales(&first[16 * b * bb..], bb, s);
                 }
-                let zero_code = |r: usize| scales[r / 16].zero_codes[r % 16];
-                let step = |r: usize| scales[r / 16].steps[r % 16];
                 // Per 16 rows: `16 − z` of each row as bytes (a quad's in one dword).
                 let mut flips = [0u32; TILE / 4];
                 for (b, s) in scales.iter().enumerate().take(rows.div_ceil(16)) {
@@ -898,14 +909,8 @@ impl OakenCodec {
                         let s = &scales[b];
                         let x = _mm512_maskz_loadu_ps(live(b), wh.add(16 * b));
                         let step = _mm512_loadu_ps(s.steps.as_ptr());
-                        let z = _mm512_cvtepu32_ps(_mm512_loadu_si512(
-                            s.zero_codes.as_ptr() as *const _
-                        ));
-                        let offset = _mm512_fmadd_ps(
-                            step,
-                            _mm512_sub_ps(_mm512_set1_ps(0.5), z),
-                            _mm512_set1_ps(t.lo_inner),
-                        );
+                        let z = _mm512_loadu_si512(s.zero_codes.as_ptr() as *const _);
+                        let offset = self.middle_offsets(step, z);
                         constant[h] = _mm512_fmadd_ps(x, offset, constant[h]);
                         by_step[b] = _mm512_mul_ps(x, step);
                         by_one[b] = x;
@@ -948,12 +953,7 @@ impl OakenCodec {
                             _mm512_and_si512(x, nibble),
                             _mm512_and_si512(_mm512_srli_epi32::<4>(x), nibble),
                         ];
-                        let highs = cuts.map(|c| {
-                            _mm512_and_si512(
-                                _mm512_srli_epi32::<4>(_mm512_add_epi32(c, flip)),
-                                _mm512_set1_epi32(0x0101_0101),
-                            )
-                        });
+                        let highs = cuts.map(|c| high_branch(c, flip));
                         for h in 0..4 {
                             let dword = |k: usize| {
                                 _mm512_set1_epi32(
@@ -990,20 +990,14 @@ impl OakenCodec {
                 // from their middle levels, into `sparse`.
                 for r in 0..rows {
                     let row = &first[r * bb..];
-                    let table = self.outlier_steps_table(
-                        scales[r / 16].outlier_steps[0][r % 16],
-                        scales[r / 16].outlier_steps[1][r % 16],
-                    );
+                    let table = self.scaled_outlier_table(&scales[r / 16], r % 16);
                     let row_weights = _mm_setr_ps(
                         w[0][tile + r],
                         w[1][tile + r],
                         w[2][tile + r],
                         w[3][tile + r],
                     );
-                    let grid = MiddleGrid {
-                        zero_code: zero_code(r) as usize,
-                        step: step(r),
-                    };
+                    let grid = scales[r / 16].grid(r % 16);
                     let (mut elements, mut differences) = ([0u32; 32], [0f32; 32]);
                     let mut count = 0;
                     self.for_each_sparse_chunk(
@@ -1032,6 +1026,22 @@ impl OakenCodec {
             }
         }
     }
+}
+
+/// 1 in each byte of `codes` (4-bit codes, one per byte) that is at least its row's zero code,
+/// 0 elsewhere: bit 4 of `code + 16 − z`, `flip` holding `16 − z` in each byte.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn high_branch(
+    codes: std::arch::x86_64::__m512i,
+    flip: std::arch::x86_64::__m512i,
+) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    _mm512_and_si512(
+        _mm512_srli_epi32::<4>(_mm512_add_epi32(codes, flip)),
+        _mm512_set1_epi32(0x0101_0101),
+    )
 }
 
 /// `x[i]` for the 16 indices `i` of `element` (each below `len`, at most 256), by permutes of
@@ -1230,8 +1240,7 @@ impl Codec for OakenCodec {
                     unsafe { row_scales(next, self.block_bytes(), &mut scales) };
                 }
                 let r = i % 16;
-                let [outer, inner] = scales.outlier_steps.map(|s| s[r]);
-                let table = self.outlier_steps_table(outer, inner);
+                let table = self.scaled_outlier_table(&scales, r);
                 // SAFETY: as above (AVX-512F/VL); `row` is one block, `out` one row.
                 unsafe { self.decode_avx512(row, scales.grid(r), &table, out) };
             }
