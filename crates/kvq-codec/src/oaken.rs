@@ -605,6 +605,9 @@ impl OakenCodec {
                 _mm512_and_si512(e, _mm512_set1_epi32(i32::from(GROUP_BIT - 1))),
                 _mm512_slli_epi32::<6>(span),
             );
+            // (Entries past the row's elements, in a corrupt block, are dropped: the scatter
+            // would write past the row.)
+            let live = live & _mm512_cmplt_epu32_mask(i, _mm512_set1_epi32(self.head_dim as i32));
             let word = _mm512_permutex2var_epi32(
                 dense_words[0],
                 _mm512_srli_epi32::<3>(i),
@@ -1725,6 +1728,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_corrupt_sparse_entry_writes_nothing_past_its_row() {
+        // head_dim 80: the second span's indices run to 127, past the row. A block whose
+        // entries all count as the second span's (more than it holds), one of them at index
+        // 63, decodes without touching what follows its row.
+        let codec = OakenCodec::new(thresholds(), 80, 8).unwrap();
+        let mut block = vec![0u8; codec.block_bytes()];
+        codec.encode(&sample_rows(1, 80, 61), &mut block).unwrap();
+        block[META_BYTES] = 0;
+        block[META_BYTES + 1] = 200;
+        block[codec.sparse_offset() + codec.outlier_capacity - 1] = 63;
+        let mut decoded = vec![f32::NAN; 160];
+        codec.decode_working(&block, &mut decoded[..80]);
+        assert!(
+            decoded[80..].iter().all(|x| x.is_nan()),
+            "written past the row"
+        );
+        assert!(decoded[..80].iter().all(|x| x.is_finite()));
     }
 
     #[test]
