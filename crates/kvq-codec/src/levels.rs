@@ -1472,15 +1472,16 @@ mod avx512 {
             c: usize,
             half: usize,
         ) -> [__m512i; 2];
-        /// The levels of 64-channel slice `half` of rows `4k..4k + 4` (2- and 3-bit codes),
-        /// one channel of the 4 rows per 32-bit lane: lane `l` of vector `j` holds channel
-        /// `16j + l` of the slice. Rows past the tile repeat its last row, under zero weights.
-        unsafe fn level_quad<const B: usize>(
+        /// The levels of 64-channel slice `half` of rows `8p..8p + 8` (1- to 3-bit codes), as
+        /// two quads of 4 rows, one channel of the quad's rows per 32-bit lane: lane `l` of
+        /// vector `j` holds channel `16j + l` of the slice. Rows past the tile repeat its last
+        /// row, under zero weights.
+        unsafe fn level_pair<const B: usize>(
             &self,
             decoder: &Decoder,
-            k: usize,
+            p: usize,
             half: usize,
-        ) -> [__m512i; 4];
+        ) -> [[__m512i; 4]; 2];
     }
 
     /// The stream words of a chunk of 16 rows ([`Source::words`]).
@@ -1609,15 +1610,27 @@ mod avx512 {
             decoder.cut_group::<B>(words, local)
         }
 
-        /// Decodes each row's slice to byte levels and interleaves the 4 rows byte-wise.
+        /// Decodes each row's slice to byte levels and interleaves each quad's rows byte-wise.
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-        unsafe fn level_quad<const B: usize>(
+        unsafe fn level_pair<const B: usize>(
             &self,
             decoder: &Decoder,
-            k: usize,
+            p: usize,
             half: usize,
-        ) -> [__m512i; 4] {
+        ) -> [[__m512i; 4]; 2] {
+            [
+                self.level_quad(decoder, 2 * p, half),
+                self.level_quad(decoder, 2 * p + 1, half),
+            ]
+        }
+    }
+
+    impl Rows<'_> {
+        /// Rows `4k..4k + 4` of [`Source::level_pair`]'s slice.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn level_quad(&self, decoder: &Decoder, k: usize, half: usize) -> [__m512i; 4] {
             let levels = |i: usize| decoder.byte_levels(self.stream(decoder, 4 * k + i), half);
             let (r0, r1, r2, r3) = (levels(0), levels(1), levels(2), levels(3));
             let [lo, hi] = decoder.level_pairs;
@@ -1733,38 +1746,34 @@ mod avx512 {
             })
         }
 
-        /// The 2- and 3-bit planes of a pair of quads ([`super::Interleaving::bit_sources`]).
+        /// The 1- to 3-bit planes of a pair of quads ([`super::Interleaving::bit_sources`]),
+        /// each loaded once: the shifts that cut them are constants.
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-        unsafe fn level_quad<const B: usize>(
+        unsafe fn level_pair<const B: usize>(
             &self,
             decoder: &Decoder,
-            k: usize,
+            p: usize,
             half: usize,
-        ) -> [__m512i; 4] {
+        ) -> [[__m512i; 4]; 2] {
             let slices = decoder.format.width / 64;
-            let (pair, second) = ((k % (INTERLEAVED_ROWS / 4)) / 2, k % 2);
-            let at = self.codes(4 * k).add(64 * B * (pair * slices + half));
+            let pair = p % (INTERLEAVED_ROWS / 8);
+            let at = self.codes(8 * p).add(64 * B * (pair * slices + half));
             if B == 1 {
-                // One plane for both quads: this quad's 4 bits per byte, code `16j + l` bit j.
+                // One plane for both quads: quad `s`'s code `16j + l` is bit `4s + j` of byte l.
                 let bits = _mm512_loadu_si512(at as *const _);
-                return std::array::from_fn(|j| {
-                    let shift = _mm512_set1_epi32((4 * second + j) as i32);
-                    let code =
-                        _mm512_and_si512(_mm512_srlv_epi32(bits, shift), _mm512_set1_epi8(1));
-                    decoder.level(code)
-                });
+                return [decoder.bit_quad(bits, 0), decoder.bit_quad(bits, 4)];
             }
-            let low = _mm512_loadu_si512(at.add(64 * second) as *const _);
             let high = if B == 3 {
                 _mm512_loadu_si512(at.add(128) as *const _)
             } else {
                 _mm512_setzero_si512()
             };
-            std::array::from_fn(|j| {
-                let pair = _mm512_srlv_epi32(low, _mm512_set1_epi32(2 * j as i32));
-                decoder.plane_level::<B>(pair, high, 4 * second + j)
-            })
+            let low = |second: usize| _mm512_loadu_si512(at.add(64 * second) as *const _);
+            [
+                decoder.plane_quad::<B>(low(0), high, 0),
+                decoder.plane_quad::<B>(low(1), high, 4),
+            ]
         }
 
         #[inline]
@@ -1787,6 +1796,40 @@ mod avx512 {
     }
 
     impl Decoder {
+        /// The levels of four vectors of 1-bit codes: vector `j`'s are bit `first + j` of
+        /// each byte of `bits`.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn bit_quad(&self, bits: __m512i, first: i32) -> [__m512i; 4] {
+            let one = _mm512_set1_epi8(1);
+            let bit = |j: i32| _mm512_srlv_epi32(bits, _mm512_set1_epi32(first + j));
+            [
+                self.level(_mm512_and_si512(bit(0), one)),
+                self.level(_mm512_and_si512(bit(1), one)),
+                self.level(_mm512_and_si512(bit(2), one)),
+                self.level(_mm512_and_si512(bit(3), one)),
+            ]
+        }
+
+        /// The levels of four vectors of `B`-bit codes whose low bit pairs are bits `2j..2j + 2`
+        /// of each byte of `low` (vector `j`) and whose high bits (3 bits) are bit `first + j`
+        /// of each byte of `high`.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn plane_quad<const B: usize>(
+            &self,
+            low: __m512i,
+            high: __m512i,
+            first: usize,
+        ) -> [__m512i; 4] {
+            [
+                self.plane_level::<B>(low, high, first),
+                self.plane_level::<B>(_mm512_srli_epi32::<2>(low), high, first + 1),
+                self.plane_level::<B>(_mm512_srli_epi32::<4>(low), high, first + 2),
+                self.plane_level::<B>(_mm512_srli_epi32::<6>(low), high, first + 3),
+            ]
+        }
+
         /// The levels of `B`-bit codes whose low bit pair is bits 0–1 of each byte of `pair`
         /// and whose high bit (3 bits) is bit `t` of each byte of `high`: for 3 bits, one
         /// ternary-logic step puts the high plane's bits above the pair and a 64-entry table
@@ -2543,12 +2586,14 @@ mod avx512 {
         for half in 0..w / 64 {
             let mut sums = [[_mm512_setzero_si512(); 4]; H];
             let weights = pair_weights::<H>(tile, rounded, 2 * half);
-            for k in 0..n.div_ceil(4) {
+            // Pairs of quads: a tile's rows past `n` weigh 0.
+            for p in 0..n.div_ceil(8) {
                 if half == 0 {
-                    ahead.rows(4);
+                    ahead.rows(8);
                 }
-                let x = rows.level_quad::<B>(decoder, k, half);
-                add_quad(&mut sums, &x, &weights, k);
+                let [x0, x1] = rows.level_pair::<B>(decoder, p, half);
+                add_quad(&mut sums, &x0, &weights, 2 * p);
+                add_quad(&mut sums, &x1, &weights, 2 * p + 1);
             }
             for (hh, s) in sums.iter().enumerate() {
                 for (x, &sum) in s.iter().enumerate() {
