@@ -778,10 +778,10 @@ pub fn finish_query(format: &LevelFormat, prepared: &mut [f32]) {
 /// A tile's maps and rounded weights.
 #[derive(Default)]
 struct Tile {
-    /// Scale of group `g` of row `r` at `g·TILE_ROWS + r`.
+    /// Scale of map `m` of row `r` at `m·TILE_ROWS + r`.
     scales: Vec<f32>,
-    /// Value of the center level ([`LevelFormat::center`]) of group `g` of row `r` at
-    /// `g·TILE_ROWS + r` (formats with a minimum only).
+    /// Value of the center level ([`LevelFormat::center`]) of map `m` of row `r` at
+    /// `m·TILE_ROWS + r` (formats with a minimum only).
     centers: Vec<f32>,
     /// Each row's map words (f16 scales, then minimums), [`MAP_WORDS`] per row.
     map_words: Vec<u16>,
@@ -1429,11 +1429,9 @@ mod avx512 {
                     Some(_) => _mm512_fmadd_ps(scale, center, word(self.maps + map)),
                     None => _mm512_setzero_ps(),
                 };
-                for g in map * m.channels / GROUP..(map + 1) * m.channels / GROUP {
-                    let at = g * TILE_ROWS + block;
-                    _mm512_storeu_ps(tile.scales.as_mut_ptr().add(at), scale);
-                    _mm512_storeu_ps(tile.centers.as_mut_ptr().add(at), center_value);
-                }
+                let at = map * TILE_ROWS + block;
+                _mm512_storeu_ps(tile.scales.as_mut_ptr().add(at), scale);
+                _mm512_storeu_ps(tile.centers.as_mut_ptr().add(at), center_value);
             }
         }
     }
@@ -2124,6 +2122,9 @@ mod avx512 {
         let (w, n) = (format.width, rows.rows());
         let center = format.center();
         let has_min = format.maps.min_at.is_some();
+        // Where each group's map lies in the tile.
+        let map_at: [usize; MAX_GROUPS] =
+            std::array::from_fn(|g| g / (format.maps.channels / GROUP) * TILE_ROWS);
         let q: [*const f32; H] = std::array::from_fn(|h| slots[h]);
         // One map per row and one query scale (`quantize_query` gives such rows one; KIVI's
         // block queries have one per group): the groups' integer dots add up, and the row is
@@ -2169,7 +2170,7 @@ mod avx512 {
                     }
                     let dots: [__m512i; H] =
                         std::array::from_fn(|h| _mm512_add_epi32(chains[0][h], chains[1][h]));
-                    let at = g * TILE_ROWS + block;
+                    let at = map_at[g] + block;
                     let scale = _mm512_loadu_ps(tile.scales.as_ptr().add(at));
                     let value = _mm512_loadu_ps(tile.centers.as_ptr().add(at));
                     for ((a, &qh), &dot) in acc.iter_mut().zip(&q).zip(&dots) {
@@ -2280,14 +2281,13 @@ mod avx512 {
                 live | _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(x, _mm512_setzero_ps())
             })
         });
-        // Each map's scales over their largest magnitude in the tile (a map's groups hold
-        // the same scales).
+        // Each map's scales over their largest magnitude in the tile.
         // (Only the first `maps` are written and read: zeroing all costs a 4 KiB memset per
         // tile, measured.)
         let mut largest_scale = [0f32; MAX_GROUPS];
         let mut relative_scales = [MaybeUninit::<[__m512; VECTORS]>::uninit(); MAX_GROUPS];
         for (g, relative) in relative_scales.iter_mut().enumerate().take(maps) {
-            let s = tile.scales.as_ptr().add(g * per_map * TILE_ROWS);
+            let s = tile.scales.as_ptr().add(g * TILE_ROWS);
             let loaded: [__m512; VECTORS] =
                 std::array::from_fn(|i| _mm512_maskz_loadu_ps(live[i], s.add(16 * i)));
             let largest = loaded.iter().fold(_mm512_setzero_ps(), |m, &r| {
@@ -2340,7 +2340,7 @@ mod avx512 {
                     rounded.steps[hh][g] = largest_weights[hh] * largest_scale[g] / 127.0;
                     if has_min {
                         for i in 0..VECTORS {
-                            let at = g * per_map * TILE_ROWS + 16 * i;
+                            let at = g * TILE_ROWS + 16 * i;
                             let value = _mm512_loadu_ps(tile.centers.as_ptr().add(at));
                             center_sums[hh] =
                                 _mm512_fmadd_ps(head_weights(hh, i), value, center_sums[hh]);
