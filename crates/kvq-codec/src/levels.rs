@@ -870,6 +870,17 @@ fn for_each_block_tile(
     with_scratch(&layout.format, |tile, decoder, _| {
         let tile_bytes = TILE_ROWS / INTERLEAVED_ROWS * layout.block_bytes();
         for (i, chunk) in blocks.chunks(tile_bytes).enumerate() {
+            // The next tile's maps into L1, a tile ahead of their decoding.
+            for next in blocks[((i + 1) * tile_bytes).min(blocks.len())..]
+                .chunks(layout.block_bytes())
+                .take(TILE_ROWS / INTERLEAVED_ROWS)
+            {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                // SAFETY: SSE is part of x86-64; a prefetch never faults.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(next[layout.maps_at..].as_ptr() as *const i8)
+                };
+            }
             let rows = avx512::Blocks::new(layout, chunk);
             // SAFETY: the format is supported (`with_scratch`), so every block holds its
             // codes and maps, and the tile is sized for the width.
