@@ -20,7 +20,7 @@ fn env(name: &str, default: usize) -> usize {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (head_dim, rows, heads, span) = (128, 2048, env("HEADS", 4), env("SPAN", 64));
+    let (head_dim, rows, heads, span) = (128, env("ROWS", 2048), env("HEADS", 4), env("SPAN", 64));
     let role = match std::env::var("ROLE").as_deref() {
         Ok("key") => Role::Key,
         _ => Role::Value,

@@ -1121,6 +1121,8 @@ mod avx512 {
         table8: Option<__m512i>,
         permute: __m512i,
         shifts: __m512i,
+        /// The map of each group (no division in the kernels).
+        map_of: [u8; MAX_GROUPS],
         /// Whether the maps are gathered per 16 rows (at most two f16 words per row, or words
         /// past a row's first 128 bytes) rather than collected per row and regrouped
         /// (measured faster from three words on).
@@ -1209,6 +1211,7 @@ mod avx512 {
                     CodeLayout::Nibbles { .. } => (8 * (j % 8) + 4 * (j % 32 / 16)) as u8,
                     CodeLayout::Packed { .. } => ((j % 8) * b) as u8,
                 })),
+                map_of: std::array::from_fn(|g| (g * GROUP / format.maps.channels) as u8),
                 gather: format.map_words() <= 2 || !format.words_in_first_128_bytes(),
                 words: bytes(words),
                 row_lo: first_bytes(format.row_bytes),
@@ -2133,9 +2136,6 @@ mod avx512 {
         let (w, n) = (format.width, rows.rows());
         let center = format.center();
         let has_min = format.maps.min_at.is_some();
-        // Where each group's map lies in the tile.
-        let map_at: [usize; MAX_GROUPS] =
-            std::array::from_fn(|g| g / (format.maps.channels / GROUP) * TILE_ROWS);
         let q: [*const f32; H] = std::array::from_fn(|h| slots[h]);
         // One map per row and one query scale (`quantize_query` gives such rows one; KIVI's
         // block queries have one per group): the groups' integer dots add up, and the row is
@@ -2181,7 +2181,7 @@ mod avx512 {
                     }
                     let dots: [__m512i; H] =
                         std::array::from_fn(|h| _mm512_add_epi32(chains[0][h], chains[1][h]));
-                    let at = map_at[g] + block;
+                    let at = decoder.map_of[g] as usize * TILE_ROWS + block;
                     let scale = _mm512_loadu_ps(tile.scales.as_ptr().add(at));
                     let value = _mm512_loadu_ps(tile.centers.as_ptr().add(at));
                     for ((a, &qh), &dot) in acc.iter_mut().zip(&q).zip(&dots) {
@@ -2249,9 +2249,9 @@ mod avx512 {
     /// Per head of a pass and map: the weights' step, `center·Σ codes` (the centering, in
     /// the integer sums) and `Σ w·center_value` (formats with a minimum).
     struct Rounded {
-        /// Maps per row, and groups per map.
+        /// Maps per row, and the map of each group.
         maps: usize,
-        per_map: usize,
+        map_of: [u8; MAX_GROUPS],
         steps: [[f32; MAX_GROUPS]; SUM_HEADS],
         centering: [[i32; MAX_GROUPS]; SUM_HEADS],
         center_sums: [[f32; MAX_GROUPS]; SUM_HEADS],
@@ -2273,7 +2273,6 @@ mod avx512 {
     ) {
         let format = &decoder.format;
         let (w, n) = (format.width, rows.rows());
-        let per_map = format.maps.channels / GROUP;
         let maps = w / format.maps.channels;
         let center = format.center();
         let has_min = format.maps.min_at.is_some();
@@ -2318,7 +2317,7 @@ mod avx512 {
             // `round(127·(w/max w)·(scale/max scale))`, one step per head and map.
             let mut rounded = Rounded {
                 maps,
-                per_map,
+                map_of: decoder.map_of,
                 steps: [[0.0; MAX_GROUPS]; SUM_HEADS],
                 centering: [[0; MAX_GROUPS]; SUM_HEADS],
                 center_sums: [[0.0; MAX_GROUPS]; SUM_HEADS],
@@ -2463,7 +2462,7 @@ mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     unsafe fn finish_sum(sum: __m512i, rounded: &Rounded, hh: usize, g: usize) -> __m512 {
-        let g = g / rounded.per_map;
+        let g = rounded.map_of[g] as usize;
         let centered = _mm512_sub_epi32(sum, _mm512_set1_epi32(rounded.centering[hh][g]));
         _mm512_fmadd_ps(
             _mm512_cvtepi32_ps(centered),
@@ -2487,7 +2486,7 @@ mod avx512 {
     ) -> [[*const i32; 2]; H] {
         std::array::from_fn(|hh| {
             [g, g + 1].map(|g| {
-                let at = (hh * rounded.maps + g / rounded.per_map) * TILE_ROWS;
+                let at = (hh * rounded.maps + rounded.map_of[g] as usize) * TILE_ROWS;
                 tile.weights[at..].as_ptr() as *const i32
             })
         })
