@@ -2,6 +2,7 @@
 # Session 10 on the GPU host: the kvq-gpu tests, then the 2- to 4-bit schemes at 32K on its
 # Xeon at 2 and 8 threads, three rounds (every 4-bit scheme this time: iq4_nl, int4-g64, q4_1,
 # kivi4 and turbo4-prod were not run there before).
+# (.gpubin/gpu-tests: the kvq-gpu integration tests, target/release/deps/gpu-*.)
 LD_LIBRARY_PATH=/usr/local/cuda/lib64 .gpubin/gpu-tests --test-threads 1 > $OUT/gpu-tests.txt 2>&1; tail -3 $OUT/gpu-tests.txt
 lscpu | grep -E "Model name|^CPU\(s\)" > $OUT/xeon.txt
 for round in 1 2 3; do
