@@ -48,7 +48,8 @@ struct AttentionArgs {
     head_dim: usize,
     /// Timed repetitions (the median is reported, and in JSON the fastest too). On the CPU the
     /// f16 cache and every scheme take turns within each repetition, so that slow periods of
-    /// a shared machine hit all of them alike
+    /// a shared machine hit all of them alike; "× f16" is the median over the turns of each
+    /// turn's time against the f16 cache's
     #[arg(long, default_value_t = 10)]
     iters: usize,
     /// Print JSON
@@ -217,8 +218,8 @@ fn attention(a: AttentionArgs) -> Result<()> {
         a.page_tokens
             .unwrap_or_else(|| crate::args::default_page_tokens(&[spec.k, spec.v]))
     };
-    // Median and fastest times of the f16 cache and of each scheme, measured in turns.
-    let time = |ctx: usize| -> Result<Vec<(f64, f64, usize)>> {
+    // The times of each turn, f16 cache first, and each cache's bytes.
+    let time = |ctx: usize| -> Result<Vec<(Vec<f64>, usize)>> {
         let all: Vec<KvSpec> = std::iter::once(KvSpec::parse("f16")?)
             .chain(specs.iter().copied())
             .collect();
@@ -245,21 +246,24 @@ fn attention(a: AttentionArgs) -> Result<()> {
         Ok(times
             .into_iter()
             .zip(&caches)
-            .map(|(t, c)| {
-                let fastest = t.iter().copied().fold(f64::INFINITY, f64::min);
-                (median(t), fastest, c.allocated_bytes())
-            })
+            .map(|(t, c)| (t, c.allocated_bytes()))
             .collect())
     };
+    let fastest = |t: &[f64]| t.iter().copied().fold(f64::INFINITY, f64::min);
     let mut rows = Vec::new();
     for &ctx in &a.ctx {
         let timed = time(ctx)?;
-        let (base_s, base_fastest, base_bytes) = timed[0];
-        for (&spec, &(s, fastest, bytes)) in specs.iter().zip(&timed[1..]) {
+        let (base_times, base_bytes) = (&timed[0].0, timed[0].1);
+        let base_s = median(base_times.clone());
+        for (&spec, &(ref times, bytes)) in specs.iter().zip(&timed[1..]) {
+            let s = median(times.clone());
+            // The time against the f16 cache's of the same turn: a slow minute slows both.
+            let turn_ratio = median(times.iter().zip(base_times).map(|(t, b)| t / b).collect());
             rows.push(serde_json::json!({
                 "kv": spec.name(), "ctx": ctx, "q_heads": a.q_heads, "kv_heads": a.kv_heads, "head_dim": a.head_dim,
                 "ms": s * 1e3, "baseline_ms": base_s * 1e3, "speedup": base_s / s,
-                "fastest_ms": fastest * 1e3, "baseline_fastest_ms": base_fastest * 1e3,
+                "turn_ratio": turn_ratio,
+                "fastest_ms": fastest(times) * 1e3, "baseline_fastest_ms": fastest(base_times) * 1e3,
                 "bytes_read": bytes, "gb_per_s": bytes as f64 / s / 1e9,
                 "baseline_bytes_read": base_bytes, "baseline_gb_per_s": base_bytes as f64 / base_s / 1e9,
                 "copy_gb_per_s": copy / 1e9, "threads": rayon::current_num_threads(),
@@ -273,17 +277,18 @@ fn attention(a: AttentionArgs) -> Result<()> {
     } else {
         println!("memory copy: {:.2} GB/s", copy / 1e9);
         println!(
-            "{:<14} {:>7} {:>10} {:>10} {:>8} {:>9} {:>9}",
-            "kv", "ctx", "ms", "f16 ms", "speedup", "GB/s", "f16 GB/s"
+            "{:<14} {:>7} {:>10} {:>10} {:>8} {:>9} {:>9} {:>9}",
+            "kv", "ctx", "ms", "f16 ms", "speedup", "× f16", "GB/s", "f16 GB/s"
         );
         for r in &rows {
             println!(
-                "{:<14} {:>7} {:>10.3} {:>10.3} {:>8.2} {:>9.2} {:>9.2}",
+                "{:<14} {:>7} {:>10.3} {:>10.3} {:>8.2} {:>9.3} {:>9.2} {:>9.2}",
                 r["kv"].as_str().unwrap_or(""),
                 r["ctx"],
                 r["ms"].as_f64().unwrap_or(0.0),
                 r["baseline_ms"].as_f64().unwrap_or(0.0),
                 r["speedup"].as_f64().unwrap_or(0.0),
+                r["turn_ratio"].as_f64().unwrap_or(0.0),
                 r["gb_per_s"].as_f64().unwrap_or(0.0),
                 r["baseline_gb_per_s"].as_f64().unwrap_or(0.0)
             );
