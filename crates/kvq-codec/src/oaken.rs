@@ -466,6 +466,7 @@ impl OakenCodec {
     }
 
     /// Calls `f(element, dense_code, value)` for each sparse entry of `row`, in element order.
+    /// An entry past the row (a corrupt block) is dropped, as the vector paths drop it.
     fn for_each_outlier(
         &self,
         row: &[u8],
@@ -477,6 +478,9 @@ impl OakenCodec {
         for (span, &count) in row[META_BYTES..META_BYTES + self.spans].iter().enumerate() {
             for &entry in entries.by_ref().take(usize::from(count)) {
                 let i = span * SPAN + usize::from(entry & (GROUP_BIT - 1));
+                if i >= self.head_dim {
+                    continue;
+                }
                 let code = (dense[i / 2] >> (4 * (i % 2))) & 15;
                 let k = usize::from(entry >> 6);
                 f(i, code, table.base[k] + f32::from(code) * table.step[k]);
@@ -1748,6 +1752,28 @@ mod tests {
             "written past the row"
         );
         assert!(decoded[..80].iter().all(|x| x.is_finite()));
+        // The scalar paths drop it too (they indexed past the dense codes), and score and sum
+        // the row they decode. (Which of the corrupt entries that land on one element wins
+        // may differ from the vector path's.)
+        let mut plain = vec![f32::NAN; 80];
+        codec.decode(&block, &mut plain);
+        assert!(plain.iter().all(|x| x.is_finite()));
+        let query = sample_rows(1, 80, 62);
+        let mut prepared = vec![0.0; codec.query_len()];
+        codec.prepare_query(&query, &mut prepared);
+        let mut score = [0.0f32];
+        codec.score(&prepared, &block, &mut score);
+        let dot: f32 = query.iter().zip(&plain).map(|(q, x)| q * x).sum();
+        assert!(
+            (score[0] - dot).abs() <= 1e-3 * (1.0 + dot.abs()),
+            "{} vs {dot}",
+            score[0]
+        );
+        let mut acc = vec![0.0f32; codec.accumulator_len()];
+        codec.accumulate(&[2.0], &block, &mut acc);
+        for (a, x) in acc.iter().zip(&plain) {
+            assert!((a - 2.0 * x).abs() <= 1e-4 * (1.0 + x.abs()));
+        }
     }
 
     #[test]
