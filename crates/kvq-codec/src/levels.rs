@@ -2578,8 +2578,9 @@ mod avx512 {
         }
     }
 
-    /// The integer sums of 2- and 3-bit codes: per 4 rows and 64 channels, the codes are
-    /// decoded to byte levels and interleaved (one channel of 4 rows per lane).
+    /// The integer sums of 1- to 3-bit codes (and 5-bit rows): per 8 rows and 64 channels,
+    /// the codes are decoded to byte levels of two quads, interleaved (one channel of a quad's
+    /// 4 rows per lane).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     unsafe fn sums_of_levels<const H: usize, const B: usize, S: Source>(
