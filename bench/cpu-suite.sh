@@ -43,9 +43,9 @@ if [[ $what == all || $what == attention ]]; then
   rec attention-2k kvq bench attention --kv f16,q8_0,q4_0,int4,int3,turbo4,turbo3 --ctx 2048 --q-heads 32 --kv-heads 8 --head-dim 128 --iters 31 --json
   # One thread: the time per token and KV head, for the 32K floor.
   RAYON_NUM_THREADS=1 rec attention-2k-1thread kvq bench attention --kv q4_0,int4,int3,turbo4,turbo3 --ctx 2048 --q-heads 32 --kv-heads 8 --head-dim 128 --iters 31 --json
-  rec attention-32k kvq bench attention --kv f16,bf16,q8_0,q4_0,int8,int4,int3,int2,kivi4,kivi2,fp8,fp8-e5m2,turbo4,turbo3.5,turbo3,turbo2.5,turbo2,turbo3-prod,oaken --ctx 32768 --q-heads 32 --kv-heads 8 --head-dim 128 --iters 15 --json
+  rec attention-32k kvq bench attention --kv f16,bf16,q8_0,q4_0,q4_1,iq4_nl,q5_0,q5_1,int8,int4,int4-g128,int3,int3-g128,int2,int2-g128,kivi4,kivi4-g128,kivi2,fp8,fp8-e5m2,turbo4,turbo3.5,turbo3,turbo2.5,turbo2,turbo4-prod,turbo3-prod,turbo2-prod,oaken --ctx 32768 --q-heads 32 --kv-heads 8 --head-dim 128 --iters 30 --json
   # The 2-4-bit schemes of the integer kernels alone (shorter turns), then on the f32 kernels.
-  rec attention-32k-int8 kvq bench attention --kv q4_0,int4,int3,turbo4,turbo3,turbo2 --ctx 32768 --q-heads 32 --kv-heads 8 --head-dim 128 --iters 30 --json
+  rec attention-32k-int8 kvq bench attention --kv q4_0,iq4_nl,int4,int4-g128,int3,int3-g128,int2,int2-g128,turbo4,turbo3,turbo2,kivi4-g128,kivi4,oaken --ctx 32768 --q-heads 32 --kv-heads 8 --head-dim 128 --iters 30 --json
   rec attention-32k-f32 kvq bench attention --kv q4_0,int4,int3,turbo4,turbo3 --f32-attention --ctx 32768 --q-heads 32 --kv-heads 8 --head-dim 128 --iters 15 --json
 fi
 
