@@ -183,7 +183,7 @@ pub fn run(args: Args) -> Result<()> {
             o.max_append_tokens = append;
             kvq_cache::memory::plan(&shapes, &s.policy, &o, ctx, 1)
         };
-        let at_ppl = plan(args.ctx, args.ctx.min(kvq_eval::perplexity::PREFILL_TOKENS))?;
+        let at_ppl = plan(args.ctx, kvq_eval::perplexity::append_tokens(args.ctx))?;
         let at_ctx = plan(bytes_ctx, 512)?;
         let k = r
             .kld

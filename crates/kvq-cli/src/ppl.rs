@@ -67,7 +67,7 @@ pub fn run(args: Args) -> Result<()> {
         None
     };
     let mut options = scheme.options;
-    options.max_append_tokens = args.ctx.min(kvq_eval::perplexity::PREFILL_TOKENS);
+    options.max_append_tokens = kvq_eval::perplexity::append_tokens(args.ctx);
     let memory = kvq_cache::memory::plan(&c.layer_shapes(), &scheme.policy, &options, args.ctx, 1)?;
     let bar = progress_bar(chunks, "ppl", "chunks")?;
     let start = std::time::Instant::now();

@@ -151,7 +151,7 @@ pub fn run(args: Args) -> Result<()> {
     let tokens = read_tokens(&text, &tokenizer, report.ctx)?;
     let chunks = args.chunks.unwrap_or(report.chunks);
     let options = CacheOptions {
-        max_append_tokens: report.ctx.min(kvq_eval::perplexity::PREFILL_TOKENS),
+        max_append_tokens: kvq_eval::perplexity::append_tokens(report.ctx),
         ..CacheOptions::default()
     };
     let setup = |policy| CacheSetup {

@@ -4,9 +4,10 @@
 //!
 //! `cargo run --release -p kvq-codec --example group_kernels -- q4_0 int3 turbo3`
 //! (environment: `HEADS`, query heads per KV head, default 4; `SPAN`, rows per call, default
-//! 64 as a cache page; `ROLE=key` for the key codec; `INTERLEAVE=1` for the codecs in
-//! interleaved blocks, as the cache keeps them: then only the role's kernel, the scores for
-//! keys and the sums for values, reads them in place).
+//! 64 as a cache page; `ROWS`, rows in all, default 2048; `ROLE=key` for the key codec;
+//! `INTERLEAVE=1` for the codecs in interleaved blocks, as the cache keeps them: then only the
+//! role's kernel is timed, the scores for keys and the sums for values, which read them in
+//! place).
 
 use kvq_codec::simd::Ahead;
 use kvq_codec::{build_codec, Calibration, OakenThresholds, Role, SchemeKind};

@@ -11,6 +11,11 @@
 //! * [`compare`]: the side-by-side table of several schemes (Markdown, JSON, Pareto front);
 //!   [`plot`]: its PNG plots.
 
+/// Tokens run through the model per forward call when a chunk or prompt is prefilled
+/// (llama.cpp's `n_ubatch`): sliding-window layers then hold their window and this many
+/// tokens, not the whole prompt.
+pub const PREFILL_TOKENS: usize = 512;
+
 pub mod compare;
 pub mod kld;
 pub mod perplexity;

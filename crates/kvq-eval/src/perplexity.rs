@@ -2,6 +2,7 @@
 //! and top-1 agreement against a reference cache run on the same chunks.
 
 use crate::kld::{log_sum_exp, percentile, Reference};
+use crate::PREFILL_TOKENS;
 use kvq_cache::{CacheOptions, KvCache, Policy};
 use kvq_codec::Calibration;
 use kvq_model::gemma3::Gemma3;
@@ -11,9 +12,11 @@ use rayon::prelude::*;
 /// Rows of logits computed at a time (each row holds a whole vocabulary).
 const LOGIT_ROWS: usize = 32;
 
-/// Tokens of a chunk run through the model at a time (llama.cpp's `n_ubatch`): sliding-window
-/// layers then hold their window and this many tokens, not the whole chunk.
-pub const PREFILL_TOKENS: usize = 512;
+/// Tokens a run over chunks of `ctx` appends to a cache at once ([`PREFILL_TOKENS`] at most):
+/// what its caches are sized for.
+pub fn append_tokens(ctx: usize) -> usize {
+    ctx.min(PREFILL_TOKENS)
+}
 
 /// Settings of a perplexity run.
 #[derive(Clone, Debug)]
@@ -154,7 +157,7 @@ pub fn perplexity_many(
     let chunks = chunks.min(tokens.len() / ctx);
     let vocab = model.config.vocab;
     let first = ctx / 2;
-    let build = |s: &CacheSetup| s.build(model, ctx, ctx.min(PREFILL_TOKENS));
+    let build = |s: &CacheSetup| s.build(model, ctx, append_tokens(ctx));
     let mut ref_cache = reference.map(build).transpose()?;
     // Schemes that store exactly what the reference stores reuse its hidden states.
     let mut caches = schemes

@@ -10,10 +10,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::PREFILL_TOKENS;
+
 /// Tokens generated after the question (the key is 5 digits, one token each, plus a space).
 pub const ANSWER_TOKENS: usize = 8;
-/// Prompt tokens prefilled per forward call.
-const PREFILL_TOKENS: usize = 512;
 
 // Gemma's chat turns: the reference model answers with the digits only when asked in a user
 // turn and when the answer is started for it ("The 5-digit pass key is").

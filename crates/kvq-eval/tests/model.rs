@@ -124,7 +124,7 @@ fn chunks_prefilled_in_pieces_score_as_one_forward_does() {
     let (model, tok) = model();
     let tokens = tok.encode(&PROSE.repeat(12), true);
     let ctx = 640;
-    assert!(tokens.len() >= ctx && ctx > kvq_eval::perplexity::PREFILL_TOKENS);
+    assert!(tokens.len() >= ctx && ctx > kvq_eval::PREFILL_TOKENS);
     let f16 = setup("f16", 0);
     let pieces = perplexity_many(
         model,
