@@ -637,24 +637,36 @@ pub fn score_interleaved(
     #[cfg(target_arch = "x86_64")]
     {
         let slots = run_slots(runs.iter().map(|r| r.format.width));
+        let mut read = avx512::QuerySlots::default();
         for (k, (run, slots)) in runs.iter().zip(slots).enumerate() {
             assert_eq!(run.order, KernelOrder::Scores);
+            read_slots(&mut read, queries, slots, run.format.width);
             for_each_block_tile(run, blocks, |first, rows, tile, decoder| {
                 let at = (first, &mut *ahead);
-                score_tile(queries, slots, rows, tile, decoder, scores, at, k > 0);
+                score_tile(&read, rows, tile, decoder, scores, at, k > 0);
             });
         }
     }
 }
 
-/// Scores one tile of `rows` (from row `first` of the run) against every query (whose i8
-/// slots are its last `slots` values) into `scores[h][first..]`, adding to them if `add`;
-/// prefetches `ahead` as it goes.
+/// Reads into `read` the i8 slots of a run `width` channels wide that end each query (its
+/// last `slots` values).
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
+fn read_slots(read: &mut avx512::QuerySlots, queries: &[&[f32]], slots: usize, width: usize) {
+    assert!(queries.iter().all(|q| q.len() >= slots) && query_slots(width) <= slots);
+    // SAFETY: each query holds `slots ≥ query_slots(width)` values from the pointer on.
+    unsafe {
+        read.read(width, queries.len(), |h| {
+            queries[h][queries[h].len() - slots..].as_ptr()
+        })
+    };
+}
+
+/// Scores one tile of `rows` (from row `first` of the run) against the queries `read` into
+/// `scores[h][first..]`, adding to them if `add`; prefetches `ahead` as it goes.
+#[cfg(target_arch = "x86_64")]
 fn score_tile<S: avx512::Source>(
-    queries: &[&[f32]],
-    slots: usize,
+    read: &avx512::QuerySlots,
     rows: &S,
     tile: &Tile,
     decoder: &avx512::Decoder,
@@ -662,12 +674,9 @@ fn score_tile<S: avx512::Source>(
     (first, ahead): (usize, &mut Ahead),
     add: bool,
 ) {
-    assert!(queries.iter().all(|q| q.len() >= slots));
-    let slot = |h: usize| queries[h][queries[h].len() - slots..].as_ptr();
-    let heads = queries.len();
-    // SAFETY: the tile's format is supported (`with_scratch`) and its maps decoded, and each
-    // query holds its slots; `score_tile` checks the score rows.
-    unsafe { avx512::score_tile(tile, decoder, rows, &slot, heads, scores, first, ahead, add) };
+    // SAFETY: the tile's format is supported (`with_scratch`) and its maps decoded, and the
+    // slots were read for its width; `score_tile` checks the score rows.
+    unsafe { avx512::score_tile(tile, decoder, rows, read, scores, first, ahead, add) };
 }
 
 /// [`accumulate_segments`] on a run of interleaved blocks ([`Interleaving::of_runs`] for
@@ -924,10 +933,12 @@ fn score_into(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
+        let mut read = avx512::QuerySlots::default();
+        read_slots(&mut read, queries, slots, format.width);
         for_each_tile(format, blocks, |first, rows, tile, decoder| {
             let rows = avx512::Rows::new(decoder, rows);
             let at = (first, &mut *ahead);
-            score_tile(queries, slots, &rows, tile, decoder, scores, at, add);
+            score_tile(&read, &rows, tile, decoder, scores, at, add);
         });
     }
 }
@@ -953,6 +964,7 @@ pub fn score_channel_blocks(
         // The byte of each group's i8 query that holds each channel.
         let order: [u8; GROUP] = std::array::from_fn(|i| rows_format.query_channel(i) as u8);
         let interleaving = layout.interleaving();
+        let mut read = avx512::QuerySlots::default();
         with_scratch(&rows_format, |tile, decoder, block_queries| {
             tile.scales.fill(1.0);
             // Each head's i8 query slots, then each head's bias.
@@ -972,7 +984,8 @@ pub fn score_channel_blocks(
                         biases,
                     )
                 };
-                let slot = |h: usize| prepared[h * slots..].as_ptr();
+                // SAFETY: each head's slots are `slots` values of `prepared`.
+                unsafe { read.read(w, heads, |h| prepared[h * slots..].as_ptr()) };
                 for (i, tile_rows) in rows.chunks(TILE_ROWS * rows_format.row_bytes).enumerate() {
                     let first = b * layout.tokens + i * TILE_ROWS;
                     // SAFETY: as in `score_group`, with the row scales set to 1 (interleaved
@@ -981,12 +994,12 @@ pub fn score_channel_blocks(
                         if layout.interleaved {
                             let rows = avx512::Blocks::new(&interleaving, tile_rows);
                             avx512::score_tile(
-                                tile, decoder, &rows, &slot, heads, scores, first, ahead, false,
+                                tile, decoder, &rows, &read, scores, first, ahead, false,
                             )
                         } else {
                             let rows = avx512::Rows::new(decoder, tile_rows);
                             avx512::score_tile(
-                                tile, decoder, &rows, &slot, heads, scores, first, ahead, false,
+                                tile, decoder, &rows, &read, scores, first, ahead, false,
                             )
                         }
                     }
@@ -1059,6 +1072,52 @@ mod avx512 {
 
     /// Heads whose scores one pass keeps in registers.
     const SCORE_HEADS: usize = 4;
+
+    /// The queries of a [`score_tile`] call as it reads them, found once per call: read for
+    /// every tile, their terms took 6% of a 3-bit cache's score kernel.
+    #[derive(Default)]
+    pub struct QuerySlots {
+        heads: Vec<QuerySlot>,
+    }
+
+    /// One query's i8 slots ([`super::quantize_query`], or KIVI's block queries).
+    #[derive(Clone, Copy)]
+    struct QuerySlot {
+        /// Where the slots begin.
+        at: *const f32,
+        /// Its groups' `σ·Σ codes` summed, and their `Σ q` summed.
+        sums: [f32; 2],
+        /// Whether every group has the first one's scale `σ`.
+        one_scale: bool,
+    }
+
+    impl QuerySlots {
+        /// Reads the slots of queries `0..heads` of a run `width` channels wide (`slot(h)`).
+        ///
+        /// # Safety
+        /// `slot(h)` points to [`super::query_slots`]`(width)` values that outlive the reads.
+        pub unsafe fn read(
+            &mut self,
+            width: usize,
+            heads: usize,
+            slot: impl Fn(usize) -> *const f32,
+        ) {
+            self.heads.clear();
+            self.heads.extend((0..heads).map(|h| {
+                let at = slot(h);
+                let maps =
+                    std::slice::from_raw_parts(at.add(width / 4), QUERY_MAP * (width / GROUP));
+                let groups = maps.chunks_exact(QUERY_MAP);
+                QuerySlot {
+                    at,
+                    sums: groups
+                        .clone()
+                        .fold([0.0; 2], |[a, b], m| [a + m[1], b + m[2]]),
+                    one_scale: groups.clone().all(|m| m[0] == maps[0]),
+                }
+            }));
+        }
+    }
 
     /// Most groups a row may have (`width ≤ 512`).
     const MAX_GROUPS: usize = 16;
@@ -2077,42 +2136,66 @@ mod avx512 {
         tile: &Tile,
         decoder: &Decoder,
         rows: &S,
-        slot: &dyn Fn(usize) -> *const f32,
-        heads: usize,
+        read: &QuerySlots,
         scores: &mut [&mut [f32]],
         first: usize,
         ahead: &mut Ahead,
         add: bool,
     ) {
-        let n = rows.rows();
+        let (n, heads) = (rows.rows(), read.heads.len());
         assert!(scores.len() >= heads);
         assert!(scores.iter().all(|s| s.len() >= first + n) && n <= TILE_ROWS);
         for h0 in (0..heads).step_by(SCORE_HEADS) {
             let h1 = heads.min(h0 + SCORE_HEADS);
-            let q: [*const f32; SCORE_HEADS] = std::array::from_fn(|h| slot((h0 + h).min(h1 - 1)));
-            let (q, s) = (&q[..h1 - h0], &mut scores[h0..h1]);
+            let (q, s) = (&read.heads[h0..h1], &mut scores[h0..h1]);
             match (q.len(), decoder.format.code_bits()) {
-                (1, 5) => score_heads::<1, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (2, 5) => score_heads::<2, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (3, 5) => score_heads::<3, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (_, 5) => score_heads::<4, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (1, 1) => score_heads::<1, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (2, 1) => score_heads::<2, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (3, 1) => score_heads::<3, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (_, 1) => score_heads::<4, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (1, 2) => score_heads::<1, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (2, 2) => score_heads::<2, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (3, 2) => score_heads::<3, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (_, 2) => score_heads::<4, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (1, 3) => score_heads::<1, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (2, 3) => score_heads::<2, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (3, 3) => score_heads::<3, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (_, 3) => score_heads::<4, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (1, _) => score_heads::<1, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (2, _) => score_heads::<2, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (3, _) => score_heads::<3, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
-                _ => score_heads::<4, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (1, 5) => score_pass::<1, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (2, 5) => score_pass::<2, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (3, 5) => score_pass::<3, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (_, 5) => score_pass::<4, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (1, 1) => score_pass::<1, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (2, 1) => score_pass::<2, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (3, 1) => score_pass::<3, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (_, 1) => score_pass::<4, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (1, 2) => score_pass::<1, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (2, 2) => score_pass::<2, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (3, 2) => score_pass::<3, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (_, 2) => score_pass::<4, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (1, 3) => score_pass::<1, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (2, 3) => score_pass::<2, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (3, 3) => score_pass::<3, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (_, 3) => score_pass::<4, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (1, _) => score_pass::<1, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (2, _) => score_pass::<2, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
+                (3, _) => score_pass::<3, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
+                _ => score_pass::<4, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
             }
+        }
+    }
+
+    /// [`score_heads`], in its one-map form where the rows have one map and the queries one
+    /// scale (`quantize_query` gives such rows one; KIVI's block queries have one per group):
+    /// then the groups' integer dots add up in the same chains, and each row is finished
+    /// once, with the groups' query terms summed. A constant in the kernel, so that the
+    /// chains stay in their registers (1–4% at 32K).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn score_pass<const H: usize, const B: usize, S: Source>(
+        tile: &Tile,
+        decoder: &Decoder,
+        rows: &S,
+        slots: &[QuerySlot],
+        scores: &mut [&mut [f32]],
+        first: usize,
+        ahead: &mut Ahead,
+        add: bool,
+    ) {
+        let format = &decoder.format;
+        if format.maps.channels >= format.width && slots.iter().all(|slot| slot.one_scale) {
+            score_heads::<H, B, true, S>(tile, decoder, rows, slots, scores, first, ahead, add)
+        } else {
+            score_heads::<H, B, false, S>(tile, decoder, rows, slots, scores, first, ahead, add)
         }
     }
 
@@ -2122,11 +2205,11 @@ mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn score_heads<const H: usize, const B: usize, S: Source>(
+    unsafe fn score_heads<const H: usize, const B: usize, const ONE_MAP: bool, S: Source>(
         tile: &Tile,
         decoder: &Decoder,
         rows: &S,
-        slots: &[*const f32],
+        slots: &[QuerySlot],
         scores: &mut [&mut [f32]],
         first: usize,
         ahead: &mut Ahead,
@@ -2136,22 +2219,8 @@ mod avx512 {
         let (w, n) = (format.width, rows.rows());
         let center = format.center();
         let has_min = format.maps.min_at.is_some();
-        let q: [*const f32; H] = std::array::from_fn(|h| slots[h]);
-        // One map per row and one query scale (`quantize_query` gives such rows one; KIVI's
-        // block queries have one per group): the groups' integer dots add up, and the row is
-        // finished once, with the groups' query terms summed.
-        // (Plain loops: as closures they were calls, 2.6% of a 3-bit cache's attention.)
-        let mut one_map = format.maps.channels >= w;
-        let mut sums = [[0f32; 2]; H];
-        for (h, sum) in sums.iter_mut().enumerate() {
-            let maps = q[h].add(w / 4);
-            for g in 0..w / GROUP {
-                let map = maps.add(QUERY_MAP * g);
-                one_map &= *map == *maps;
-                sum[0] += *map.add(1);
-                sum[1] += *map.add(2);
-            }
-        }
+        let q: [*const f32; H] = std::array::from_fn(|h| slots[h].at);
+        let sums: [[f32; 2]; H] = std::array::from_fn(|h| slots[h].sums);
         for block in (0..n).step_by(16) {
             ahead.rows(16);
             let mut acc = [_mm512_setzero_ps(); H];
@@ -2163,7 +2232,7 @@ mod avx512 {
                 let groups = if decoder.is_tail(c) { 2 } else { 4 };
                 for local in 0..groups {
                     let g = 4 * c + local;
-                    let mut chains = if one_map {
+                    let mut chains = if ONE_MAP {
                         row_dots
                     } else {
                         [[_mm512_setzero_si512(); H]; 2]
@@ -2175,7 +2244,7 @@ mod avx512 {
                             *dot = _mm512_dpbusd_epi32(*dot, level, _mm512_set1_epi32(code));
                         }
                     }
-                    if one_map {
+                    if ONE_MAP {
                         row_dots = chains;
                         continue;
                     }
@@ -2198,7 +2267,7 @@ mod avx512 {
                     }
                 }
             }
-            if one_map {
+            if ONE_MAP {
                 // `scale·σ·(Σ dots − center·Σ codes) + center_value·Σ q`, the query terms summed
                 // over the groups (`σ·Σ codes` and `Σ q` per group in the slots).
                 let scale = _mm512_loadu_ps(tile.scales.as_ptr().add(block));
