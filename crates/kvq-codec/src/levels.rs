@@ -2288,15 +2288,20 @@ mod avx512 {
                     }
                 }
             }
+            // (Whole blocks unmasked: masked stores, one per head, were 9% of the kernel.)
             let mask = first_lanes(n - block);
-            for (s, a) in scores.iter_mut().zip(&acc) {
-                let at = s.as_mut_ptr().add(first + block);
+            for (h, a) in acc.iter().enumerate() {
+                let at = scores[h].as_mut_ptr().add(first + block);
                 let a = if add {
                     _mm512_add_ps(*a, _mm512_maskz_loadu_ps(mask, at))
                 } else {
                     *a
                 };
-                _mm512_mask_storeu_ps(at, mask, a);
+                if n - block >= 16 {
+                    _mm512_storeu_ps(at, a);
+                } else {
+                    _mm512_mask_storeu_ps(at, mask, a);
+                }
             }
         }
     }
