@@ -2148,60 +2148,53 @@ mod avx512 {
         for h0 in (0..heads).step_by(SCORE_HEADS) {
             let h1 = heads.min(h0 + SCORE_HEADS);
             let (q, s) = (&read.heads[h0..h1], &mut scores[h0..h1]);
-            match (q.len(), decoder.format.code_bits()) {
-                (1, 5) => score_pass::<1, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (2, 5) => score_pass::<2, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (3, 5) => score_pass::<3, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (_, 5) => score_pass::<4, 5, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (1, 1) => score_pass::<1, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (2, 1) => score_pass::<2, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (3, 1) => score_pass::<3, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (_, 1) => score_pass::<4, 1, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (1, 2) => score_pass::<1, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (2, 2) => score_pass::<2, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (3, 2) => score_pass::<3, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (_, 2) => score_pass::<4, 2, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (1, 3) => score_pass::<1, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (2, 3) => score_pass::<2, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (3, 3) => score_pass::<3, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (_, 3) => score_pass::<4, 3, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (1, _) => score_pass::<1, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (2, _) => score_pass::<2, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
-                (3, _) => score_pass::<3, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
-                _ => score_pass::<4, 4, S>(tile, decoder, rows, q, s, first, ahead, add),
+            // The one-map form where the rows have one map and the queries one scale
+            // (`quantize_query` gives such rows one; KIVI's block queries have one per group):
+            // the groups' integer dots add up in the same chains, and each row is finished
+            // once, with the groups' query terms summed. A constant in the kernel, so that the
+            // chains stay in their registers (1–4% at 32K).
+            let format = &decoder.format;
+            let one_map = format.maps.channels >= format.width && q.iter().all(|h| h.one_scale);
+            macro_rules! pass {
+                ($h:literal, $b:literal) => {
+                    if one_map {
+                        score_heads::<$h, $b, true, S>(tile, decoder, rows, q, s, first, ahead, add)
+                    } else {
+                        score_heads::<$h, $b, false, S>(
+                            tile, decoder, rows, q, s, first, ahead, add,
+                        )
+                    }
+                };
             }
-        }
-    }
-
-    /// [`score_heads`], in its one-map form where the rows have one map and the queries one
-    /// scale (`quantize_query` gives such rows one; KIVI's block queries have one per group):
-    /// then the groups' integer dots add up in the same chains, and each row is finished
-    /// once, with the groups' query terms summed. A constant in the kernel, so that the
-    /// chains stay in their registers (1–4% at 32K).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn score_pass<const H: usize, const B: usize, S: Source>(
-        tile: &Tile,
-        decoder: &Decoder,
-        rows: &S,
-        slots: &[QuerySlot],
-        scores: &mut [&mut [f32]],
-        first: usize,
-        ahead: &mut Ahead,
-        add: bool,
-    ) {
-        let format = &decoder.format;
-        if format.maps.channels >= format.width && slots.iter().all(|slot| slot.one_scale) {
-            score_heads::<H, B, true, S>(tile, decoder, rows, slots, scores, first, ahead, add)
-        } else {
-            score_heads::<H, B, false, S>(tile, decoder, rows, slots, scores, first, ahead, add)
+            match (q.len(), format.code_bits()) {
+                (1, 5) => pass!(1, 5),
+                (2, 5) => pass!(2, 5),
+                (3, 5) => pass!(3, 5),
+                (_, 5) => pass!(4, 5),
+                (1, 1) => pass!(1, 1),
+                (2, 1) => pass!(2, 1),
+                (3, 1) => pass!(3, 1),
+                (_, 1) => pass!(4, 1),
+                (1, 2) => pass!(1, 2),
+                (2, 2) => pass!(2, 2),
+                (3, 2) => pass!(3, 2),
+                (_, 2) => pass!(4, 2),
+                (1, 3) => pass!(1, 3),
+                (2, 3) => pass!(2, 3),
+                (3, 3) => pass!(3, 3),
+                (_, 3) => pass!(4, 3),
+                (1, _) => pass!(1, 4),
+                (2, _) => pass!(2, 4),
+                (3, _) => pass!(3, 4),
+                _ => pass!(4, 4),
+            }
         }
     }
 
     /// [`score_tile`] for `H` queries and `B`-bit codes: per 16 rows, the code streams are
     /// transposed, cut 4 codes at a time and dotted with each query; per group,
-    /// `scale·σ·(Σ codes·levels − center·Σ codes) + center_value·Σ q`.
+    /// `scale·σ·(Σ codes·levels − center·Σ codes) + center_value·Σ q` (with `ONE_MAP`, per
+    /// row, the groups' dots summed first).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
     #[allow(clippy::too_many_arguments)]
