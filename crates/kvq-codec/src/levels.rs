@@ -1095,7 +1095,8 @@ mod avx512 {
         /// Reads the slots of queries `0..heads` of a run `width` channels wide (`slot(h)`).
         ///
         /// # Safety
-        /// `slot(h)` points to [`super::query_slots`]`(width)` values that outlive the reads.
+        /// `slot(h)` points to [`super::query_slots`]`(width)` values, which must stay valid
+        /// and unchanged for as long as [`score_tile`] is given these slots.
         pub unsafe fn read(
             &mut self,
             width: usize,
