@@ -1312,7 +1312,7 @@ mod avx512 {
         }
 
         /// The source bytes of channels `64h..64h+64` of chunk `c` (half `h`) of the code
-        /// stream that starts at `stream` ([`Source::stream`]), loaded as they lie.
+        /// stream that starts at `stream` ([`Rows::stream`]), loaded as they lie.
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
         unsafe fn half_stream(&self, stream: *const u8, c: usize, half: usize) -> __m512i {
