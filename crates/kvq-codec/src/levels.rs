@@ -1085,7 +1085,8 @@ mod avx512 {
     struct QuerySlot {
         /// Where the slots begin.
         at: *const f32,
-        /// Its groups' `σ·Σ codes` summed, and their `Σ q` summed.
+        /// Its groups' `σ·Σ codes` summed, and their `Σ q` summed (where `one_scale`: only
+        /// the one-map form reads them).
         sums: [f32; 2],
         /// Whether every group has the first one's scale `σ`.
         one_scale: bool,
@@ -1108,13 +1109,20 @@ mod avx512 {
                 let at = slot(h);
                 let maps =
                     std::slice::from_raw_parts(at.add(width / 4), QUERY_MAP * (width / GROUP));
-                let groups = maps.chunks_exact(QUERY_MAP);
+                let mut groups = maps.chunks_exact(QUERY_MAP);
+                // (The sums are skipped for KIVI's block queries, a scale per group: summed
+                // for every 32-row block they were 8% of kivi4's scores.)
+                let one_scale = groups.all(|m| m[0] == maps[0]);
+                let sums = if one_scale {
+                    maps.chunks_exact(QUERY_MAP)
+                        .fold([0.0; 2], |[a, b], m| [a + m[1], b + m[2]])
+                } else {
+                    [0.0; 2]
+                };
                 QuerySlot {
                     at,
-                    sums: groups
-                        .clone()
-                        .fold([0.0; 2], |[a, b], m| [a + m[1], b + m[2]]),
-                    one_scale: groups.clone().all(|m| m[0] == maps[0]),
+                    sums,
+                    one_scale,
                 }
             }));
         }
@@ -2022,17 +2030,15 @@ mod avx512 {
                 let sigma = _mm512_div_ps(max4(largest), _mm512_set1_ps(127.0));
                 let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(sigma, _mm512_setzero_ps());
                 let inv = _mm512_maskz_div_ps(positive, _mm512_set1_ps(1.0), sigma);
-                let (mut sigmas, mut invs) = ([0f32; 16], [0f32; 16]);
-                _mm512_storeu_ps(sigmas.as_mut_ptr(), sigma);
-                _mm512_storeu_ps(invs.as_mut_ptr(), inv);
                 let mut code_sums = [_mm512_setzero_si512(); 4];
                 for (gi, (s, sum)) in scaled.iter().zip(&mut code_sums).enumerate() {
                     let g = g0 + gi;
                     if g == w / GROUP {
                         break;
                     }
-                    let codes =
-                        s.map(|s| _mm512_cvtps_epi32(_mm512_mul_ps(s, _mm512_set1_ps(invs[gi]))));
+                    // (Lane `gi` broadcast in a register, not stored and loaded back.)
+                    let inv = _mm512_permutexvar_ps(_mm512_set1_epi32(gi as i32), inv);
+                    let codes = s.map(|s| _mm512_cvtps_epi32(_mm512_mul_ps(s, inv)));
                     *sum = _mm512_add_epi32(codes[0], codes[1]);
                     let bytes = _mm256_inserti128_si256::<1>(
                         _mm256_castsi128_si256(_mm512_cvtepi32_epi8(codes[0])),
@@ -2042,14 +2048,14 @@ mod avx512 {
                     let at = (slot as *mut u8).add(GROUP * g);
                     _mm256_storeu_si256(at as *mut _, _mm512_castsi512_si256(placed));
                 }
-                let mut sums = [0i32; 16];
-                _mm512_storeu_si512(sums.as_mut_ptr() as *mut _, add4(code_sums));
-                for gi in 0..(w / GROUP - g0).min(4) {
-                    let map = slot.add(w / 4 + QUERY_MAP * (g0 + gi));
-                    *map = sigmas[gi];
-                    *map.add(1) = sigmas[gi] * sums[gi] as f32;
-                    *map.add(2) = 0.0;
-                }
+                // The groups' slots `σ, σ·Σ codes, 0` from lanes 0–3, stored together.
+                let code_terms = _mm512_mul_ps(sigma, _mm512_cvtepi32_ps(add4(code_sums)));
+                let order = _mm512_setr_epi32(0, 16, 0, 1, 17, 0, 2, 18, 0, 3, 19, 0, 0, 0, 0, 0);
+                let terms =
+                    _mm512_maskz_permutex2var_ps(0b0110_1101_1011, sigma, order, code_terms);
+                let count = (w / GROUP - g0).min(4);
+                let at = slot.add(w / 4 + QUERY_MAP * g0);
+                _mm512_mask_storeu_ps(at, ((1u32 << (QUERY_MAP * count)) - 1) as __mmask16, terms);
             }
             biases[h] = _mm512_reduce_add_ps(bias);
         }
