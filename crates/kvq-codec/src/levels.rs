@@ -1109,13 +1109,12 @@ mod avx512 {
                 let at = slot(h);
                 let maps =
                     std::slice::from_raw_parts(at.add(width / 4), QUERY_MAP * (width / GROUP));
-                let mut groups = maps.chunks_exact(QUERY_MAP);
+                let groups = maps.chunks_exact(QUERY_MAP);
                 // (The sums are skipped for KIVI's block queries, a scale per group: summed
                 // for every 32-row block they were 8% of kivi4's scores.)
-                let one_scale = groups.all(|m| m[0] == maps[0]);
+                let one_scale = groups.clone().all(|m| m[0] == maps[0]);
                 let sums = if one_scale {
-                    maps.chunks_exact(QUERY_MAP)
-                        .fold([0.0; 2], |[a, b], m| [a + m[1], b + m[2]])
+                    groups.fold([0.0; 2], |[a, b], m| [a + m[1], b + m[2]])
                 } else {
                     [0.0; 2]
                 };
