@@ -1056,7 +1056,7 @@ fn accumulate_into(
 
 /// Vector helpers other codecs' kernels share.
 #[cfg(target_arch = "x86_64")]
-pub(crate) use avx512::{add4_ps, transpose16};
+pub(crate) use avx512::transpose16;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
