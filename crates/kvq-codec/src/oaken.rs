@@ -115,7 +115,33 @@ pub struct OakenCodec {
     thresholds: OakenThresholds,
     head_dim: usize,
     outlier_capacity: usize,
-    spans: usize,
+}
+
+/// The sizes of an Oaken row that the kernels' loops run over: constants in a kernel
+/// instantiated for one head size and capacity ([`OakenCodec::shape`]), so that its loops
+/// over spans, chunks and slots unroll.
+#[derive(Clone, Copy)]
+struct Shape {
+    head_dim: usize,
+    capacity: usize,
+}
+
+impl Shape {
+    fn spans(self) -> usize {
+        self.head_dim.div_ceil(SPAN)
+    }
+
+    fn dense_offset(self) -> usize {
+        META_BYTES + self.spans()
+    }
+
+    fn sparse_offset(self) -> usize {
+        self.dense_offset() + self.head_dim / 2
+    }
+
+    fn block_bytes(self) -> usize {
+        self.sparse_offset() + self.capacity
+    }
 }
 
 /// The middle group's grid for one token.
@@ -343,7 +369,6 @@ impl OakenCodec {
             thresholds,
             head_dim,
             outlier_capacity,
-            spans: head_dim.div_ceil(SPAN),
         })
     }
 
@@ -352,12 +377,30 @@ impl OakenCodec {
         self.outlier_capacity
     }
 
+    /// The row's shape: head size `D` and capacity `C` where `D` is not 0 (a kernel
+    /// instantiated for that shape, which it must be), else the codec's own.
+    #[inline]
+    fn shape<const D: usize, const C: usize>(&self) -> Shape {
+        if D == 0 {
+            Shape {
+                head_dim: self.head_dim,
+                capacity: self.outlier_capacity,
+            }
+        } else {
+            assert!(self.head_dim == D && self.outlier_capacity == C);
+            Shape {
+                head_dim: D,
+                capacity: C,
+            }
+        }
+    }
+
     fn dense_offset(&self) -> usize {
-        META_BYTES + self.spans
+        self.shape::<0, 0>().dense_offset()
     }
 
     fn sparse_offset(&self) -> usize {
-        self.dense_offset() + self.head_dim / 2
+        self.shape::<0, 0>().sparse_offset()
     }
 
     /// How each element of `row` is stored, after the capacity rule.
@@ -475,7 +518,7 @@ impl OakenCodec {
     ) {
         let dense = &row[self.dense_offset()..self.sparse_offset()];
         let mut entries = row[self.sparse_offset()..].iter();
-        for (span, &count) in row[META_BYTES..META_BYTES + self.spans].iter().enumerate() {
+        for (span, &count) in row[META_BYTES..self.dense_offset()].iter().enumerate() {
             for &entry in entries.by_ref().take(usize::from(count)) {
                 let i = span * SPAN + usize::from(entry & (GROUP_BIT - 1));
                 if i >= self.head_dim {
@@ -539,9 +582,15 @@ impl OakenCodec {
             self.for_each_outlier(row, table, |i, _, value| out[i] = value);
             return;
         }
-        self.for_each_sparse_chunk(row, table, grid, |element, value, _, live| {
-            _mm512_mask_i32scatter_ps::<4>(out.as_mut_ptr() as *mut _, live, element, value);
-        });
+        self.for_each_sparse_chunk(
+            self.shape::<0, 0>(),
+            row,
+            table,
+            grid,
+            |element, value, _, live| {
+                _mm512_mask_i32scatter_ps::<4>(out.as_mut_ptr() as *mut _, live, element, value);
+            },
+        );
     }
 
     /// Calls `f(elements, values, differences, live lanes)` for the sparse entries of `row`,
@@ -555,6 +604,7 @@ impl OakenCodec {
     #[target_feature(enable = "avx512f,avx512vl")]
     unsafe fn for_each_sparse_chunk(
         &self,
+        shape: Shape,
         row: &[u8],
         table: &OutlierTable,
         grid: MiddleGrid,
@@ -566,11 +616,11 @@ impl OakenCodec {
         ),
     ) {
         use std::arch::x86_64::*;
-        debug_assert!(self.vector_sparse() && row.len() >= self.block_bytes());
-        let capacity = self.outlier_capacity;
+        debug_assert!(self.vector_sparse() && row.len() >= shape.block_bytes());
+        let capacity = shape.capacity;
         let lanes = |n: usize| -> __mmask16 { ((1u32 << n.min(16)) - 1) as __mmask16 };
-        let dense = row.as_ptr().add(self.dense_offset()) as *const i32;
-        let dense_dwords = self.head_dim / 8;
+        let dense = row.as_ptr().add(shape.dense_offset()) as *const i32;
+        let dense_dwords = shape.head_dim / 8;
         let dense_words = [
             _mm512_maskz_loadu_epi32(lanes(dense_dwords), dense),
             _mm512_maskz_loadu_epi32(
@@ -578,12 +628,12 @@ impl OakenCodec {
                 dense.wrapping_add(16),
             ),
         ];
-        let entries = row.as_ptr().add(self.sparse_offset()) as *const i32;
+        let entries = row.as_ptr().add(shape.sparse_offset()) as *const i32;
         let mut ends = [0u32; 4];
         let mut total = 0;
         for (end, &count) in ends
             .iter_mut()
-            .zip(&row[META_BYTES..META_BYTES + self.spans])
+            .zip(&row[META_BYTES..META_BYTES + shape.spans()])
         {
             total += u32::from(count);
             *end = total;
@@ -601,7 +651,7 @@ impl OakenCodec {
             );
             let live = _mm512_cmplt_epu32_mask(j, _mm512_set1_epi32(total as i32));
             let mut span = _mm512_setzero_si512();
-            for &end in &ends[..self.spans - 1] {
+            for &end in &ends[..shape.spans() - 1] {
                 let past = _mm512_cmpge_epu32_mask(j, _mm512_set1_epi32(end as i32));
                 span = _mm512_mask_add_epi32(span, past, span, _mm512_set1_epi32(1));
             }
@@ -611,7 +661,7 @@ impl OakenCodec {
             );
             // (Entries past the row's elements, in a corrupt block, are dropped: the scatter
             // would write past the row.)
-            let live = live & _mm512_cmplt_epu32_mask(i, _mm512_set1_epi32(self.head_dim as i32));
+            let live = live & _mm512_cmplt_epu32_mask(i, _mm512_set1_epi32(shape.head_dim as i32));
             let word = _mm512_permutex2var_epi32(
                 dense_words[0],
                 _mm512_srli_epi32::<3>(i),
@@ -639,6 +689,7 @@ impl OakenCodec {
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
     unsafe fn for_each_sparse_slot(
         &self,
+        shape: Shape,
         rows: &[u8],
         scales: &RowScales,
         mut f: impl FnMut(
@@ -649,7 +700,7 @@ impl OakenCodec {
     ) {
         use std::arch::x86_64::*;
         debug_assert!(self.vector_sparse());
-        let bb = self.block_bytes();
+        let bb = shape.block_bytes();
         let n = (rows.len() / bb).min(16);
         let rows_live = ((1u32 << n) - 1) as __mmask16;
         let base = rows.as_ptr();
@@ -663,7 +714,7 @@ impl OakenCodec {
         let counts = _mm512_mask_i32gather_epi32::<1>(zero, rows_live, at(META_BYTES), base as _);
         let mut ends = [zero; 4];
         let mut total = zero;
-        for (k, end) in ends.iter_mut().enumerate().take(self.spans) {
+        for (k, end) in ends.iter_mut().enumerate().take(shape.spans()) {
             let count = _mm512_srlv_epi32(counts, _mm512_set1_epi32(8 * k as i32));
             total = _mm512_add_epi32(total, _mm512_and_si512(count, _mm512_set1_epi32(0xff)));
             *end = total;
@@ -674,9 +725,9 @@ impl OakenCodec {
         let [outer, inner] = scales.outlier_steps.map(|s| _mm512_loadu_ps(s.as_ptr()));
         let t = &self.thresholds;
         let mut entries = zero;
-        for slot in 0..self.outlier_capacity {
+        for slot in 0..shape.capacity {
             if slot % 4 == 0 {
-                let at = at(self.sparse_offset() + slot);
+                let at = at(shape.sparse_offset() + slot);
                 entries = _mm512_mask_i32gather_epi32::<1>(zero, rows_live, at, base as _);
             }
             let e = _mm512_and_si512(
@@ -685,16 +736,16 @@ impl OakenCodec {
             );
             let s = _mm512_set1_epi32(slot as i32);
             let mut i = _mm512_and_si512(e, _mm512_set1_epi32(i32::from(GROUP_BIT - 1)));
-            for &end in &ends[..self.spans - 1] {
+            for &end in &ends[..shape.spans() - 1] {
                 let past = _mm512_cmpge_epu32_mask(s, end);
                 i = _mm512_mask_add_epi32(i, past, i, _mm512_set1_epi32(SPAN as i32));
             }
             // (Entries past the row's elements, in a corrupt block, are dropped.)
             let live = rows_live
                 & _mm512_cmplt_epu32_mask(s, total)
-                & _mm512_cmplt_epu32_mask(i, _mm512_set1_epi32(self.head_dim as i32));
+                & _mm512_cmplt_epu32_mask(i, _mm512_set1_epi32(shape.head_dim as i32));
             let dense_at = _mm512_add_epi32(
-                at(self.dense_offset()),
+                at(shape.dense_offset()),
                 _mm512_slli_epi32::<2>(_mm512_srli_epi32::<3>(i)),
             );
             let word = _mm512_mask_i32gather_epi32::<1>(zero, live, dense_at, base as _);
@@ -793,7 +844,7 @@ impl OakenCodec {
     #[target_feature(
         enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx512vbmi,avx512vbmi2,f16c"
     )]
-    unsafe fn score_vnni(
+    unsafe fn score_vnni<const D: usize, const C: usize>(
         &self,
         queries: &[&[f32]],
         blocks: &[u8],
@@ -801,7 +852,8 @@ impl OakenCodec {
         ahead: &mut simd::Ahead,
     ) {
         use std::arch::x86_64::*;
-        let (d, bb) = (self.head_dim, self.block_bytes());
+        let shape = self.shape::<D, C>();
+        let (d, bb) = (shape.head_dim, shape.block_bytes());
         let n = blocks.len() / bb;
         assert!(self.integer_scores() && queries.iter().all(|q| q.len() >= self.query_len()));
         assert!(scores.iter().all(|s| s.len() >= n));
@@ -851,7 +903,7 @@ impl OakenCodec {
                         let row = first.as_ptr().add(r.min(rows - 1) * bb);
                         _mm512_maskz_loadu_epi32(
                             lanes,
-                            row.add(self.dense_offset() + 64 * chunk) as *const i32,
+                            row.add(shape.dense_offset() + 64 * chunk) as *const i32,
                         )
                     });
                     let words = levels::transpose16(&loaded);
@@ -887,7 +939,7 @@ impl OakenCodec {
                 // The rows' sparse corrections per head against the i8 query (in units of
                 // `σ`), summed over their entries, slot by slot.
                 let mut corrections = [_mm512_setzero_ps(); 4];
-                self.for_each_sparse_slot(first, &scales, |element, difference, _| {
+                self.for_each_sparse_slot(shape, first, &scales, |element, difference, _| {
                     let codes = gather(by_channel.as_ptr(), d, element);
                     for (h, c) in corrections.iter_mut().enumerate() {
                         // Byte `h`, sign-extended.
@@ -922,7 +974,7 @@ impl OakenCodec {
     #[target_feature(
         enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx512vbmi,avx512vbmi2,f16c"
     )]
-    unsafe fn accumulate_vnni(
+    unsafe fn accumulate_vnni<const D: usize, const C: usize>(
         &self,
         weights: &[&[f32]],
         blocks: &[u8],
@@ -931,7 +983,8 @@ impl OakenCodec {
     ) {
         use std::arch::x86_64::*;
         const TILE: usize = 64;
-        let (d, bb) = (self.head_dim, self.block_bytes());
+        let shape = self.shape::<D, C>();
+        let (d, bb) = (shape.head_dim, shape.block_bytes());
         let n = blocks.len() / bb;
         assert!(self.integer_scores() && weights.iter().all(|w| w.len() >= n));
         assert!(accs.iter().all(|a| a.len() >= d));
@@ -1018,7 +1071,7 @@ impl OakenCodec {
                             let r = (4 * quad + j).min(rows - 1);
                             first
                                 .as_ptr()
-                                .add(r * bb + self.dense_offset() + 16 * piece)
+                                .add(r * bb + shape.dense_offset() + 16 * piece)
                         };
                         let mut x = _mm512_castsi128_si512(_mm_loadu_si128(row(0) as *const _));
                         x = _mm512_inserti32x4::<1>(x, _mm_loadu_si128(row(1) as *const _));
@@ -1079,6 +1132,7 @@ impl OakenCodec {
                         *count = 0;
                         let table = self.scaled_outlier_table(&scales[r / 16], r % 16);
                         self.for_each_sparse_chunk(
+                            shape,
                             &first[r * bb..],
                             &table,
                             scales[r / 16].grid(r % 16),
@@ -1165,6 +1219,20 @@ unsafe fn gather(
     picked[0]
 }
 
+/// Calls an integer kernel of `codec` instantiated for its shape where that is one of the
+/// default ones (head size 64, 128 or 256 with capacity `d/8`), else for any shape.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_shape {
+    ($codec:expr, $kernel:ident($($arg:expr),*)) => {
+        match ($codec.head_dim, $codec.outlier_capacity) {
+            (64, 8) => $codec.$kernel::<64, 8>($($arg),*),
+            (128, 16) => $codec.$kernel::<128, 16>($($arg),*),
+            (256, 32) => $codec.$kernel::<256, 32>($($arg),*),
+            _ => $codec.$kernel::<0, 0>($($arg),*),
+        }
+    };
+}
+
 impl Codec for OakenCodec {
     fn name(&self) -> String {
         "oaken".into()
@@ -1179,7 +1247,7 @@ impl Codec for OakenCodec {
     }
 
     fn block_bytes(&self) -> usize {
-        self.sparse_offset() + self.outlier_capacity
+        self.shape::<0, 0>().block_bytes()
     }
 
     /// The f32 query, then for the integer scores its i8 form ([`levels::quantize_query`]).
@@ -1211,7 +1279,7 @@ impl Codec for OakenCodec {
         #[cfg(target_arch = "x86_64")]
         if self.integer_scores() && levels::available() {
             // SAFETY: `levels::available` checked the kernels' CPU features.
-            return unsafe { self.score_vnni(queries, blocks, scores, ahead) };
+            return unsafe { by_shape!(self, score_vnni(queries, blocks, scores, ahead)) };
         }
         crate::tile::score_group(self, queries, blocks, scores, ahead);
     }
@@ -1228,7 +1296,7 @@ impl Codec for OakenCodec {
         #[cfg(target_arch = "x86_64")]
         if self.integer_scores() && levels::available() {
             // SAFETY: `levels::available` checked the kernels' CPU features.
-            return unsafe { self.accumulate_vnni(weights, blocks, accs, ahead) };
+            return unsafe { by_shape!(self, accumulate_vnni(weights, blocks, accs, ahead)) };
         }
         crate::tile::accumulate_group(self, weights, blocks, accs, ahead);
     }
@@ -1409,7 +1477,7 @@ mod tests {
     fn entries(codec: &OakenCodec, block: &[u8]) -> Vec<(usize, bool, bool)> {
         let mut out = Vec::new();
         let mut next = codec.sparse_offset();
-        for span in 0..codec.spans {
+        for span in 0..codec.shape::<0, 0>().spans() {
             for _ in 0..block[META_BYTES + span] {
                 let e = block[next];
                 out.push((
