@@ -1882,6 +1882,68 @@ mod tests {
     }
 
     #[test]
+    fn kernels_for_a_constant_shape_equal_the_run_time_ones_bit_for_bit() {
+        if !levels::available() {
+            return;
+        }
+        fn check<const D: usize, const C: usize>() {
+            let codec = OakenCodec::new(thresholds(), D, C).unwrap();
+            // 45 rows: two blocks of 16 and a partial one, in one tile of the sums.
+            let n = 45;
+            let rows = sample_rows(n, D, 61);
+            let mut blocks = vec![0u8; n * codec.block_bytes()];
+            for (row, block) in rows
+                .chunks_exact(D)
+                .zip(blocks.chunks_exact_mut(codec.block_bytes()))
+            {
+                codec.encode(row, block).unwrap();
+            }
+            let prepared: Vec<Vec<f32>> = sample_rows(4, D, 62)
+                .chunks_exact(D)
+                .map(|q| {
+                    let mut p = vec![0f32; codec.query_len()];
+                    codec.prepare_query(q, &mut p);
+                    p
+                })
+                .collect();
+            let queries: Vec<&[f32]> = prepared.iter().map(Vec::as_slice).collect();
+            let weights: Vec<Vec<f32>> = (0..4)
+                .map(|h| {
+                    (0..n)
+                        .map(|r| ((r * 7 + h) % 11) as f32 / 11.0 - 0.1)
+                        .collect()
+                })
+                .collect();
+            let weights: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
+            let run = |constant: bool| {
+                let mut scores = vec![vec![0f32; n]; 4];
+                let mut sums = vec![vec![0f32; D]; 4];
+                let mut s: Vec<&mut [f32]> = scores.iter_mut().map(Vec::as_mut_slice).collect();
+                let mut a: Vec<&mut [f32]> = sums.iter_mut().map(Vec::as_mut_slice).collect();
+                let ahead = &mut simd::Ahead::none();
+                // SAFETY: `levels::available` checked the kernels' CPU features.
+                unsafe {
+                    if constant {
+                        codec.score_vnni::<D, C>(&queries, &blocks, &mut s, ahead);
+                        codec.accumulate_vnni::<D, C>(&weights, &blocks, &mut a, ahead);
+                    } else {
+                        codec.score_vnni::<0, 0>(&queries, &blocks, &mut s, ahead);
+                        codec.accumulate_vnni::<0, 0>(&weights, &blocks, &mut a, ahead);
+                    }
+                }
+                let bits = |v: &[Vec<f32>]| -> Vec<u32> {
+                    v.iter().flatten().map(|x| x.to_bits()).collect()
+                };
+                (bits(&scores), bits(&sums))
+            };
+            assert_eq!(run(true), run(false), "head_dim {D}, capacity {C}");
+        }
+        check::<64, 8>();
+        check::<128, 16>();
+        check::<256, 32>();
+    }
+
+    #[test]
     fn a_corrupt_sparse_entry_writes_nothing_past_its_row() {
         // head_dim 80: the second span's indices run to 127, past the row. A block whose
         // entries all count as the second span's (more than it holds), one of them at index
