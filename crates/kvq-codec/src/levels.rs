@@ -2099,7 +2099,7 @@ mod avx512 {
     /// [`add4`] for floats.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-    pub(crate) unsafe fn add4_ps(v: [__m512; 4]) -> __m512 {
+    unsafe fn add4_ps(v: [__m512; 4]) -> __m512 {
         reduce4_ps(v, |x, y| _mm512_add_ps(x, y))
     }
 

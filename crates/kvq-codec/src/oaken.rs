@@ -838,8 +838,9 @@ impl OakenCodec {
     /// channels, for the codes and for the high-branch flags. Each sparse entry then adds
     /// `σ·Q_i·(value − middle level of its dense code)`, 16 rows at a time, one per lane, slot
     /// by slot ([`Self::for_each_sparse_slot`]; per row, lanes of its entries needed sums across
-    /// lanes: 14% slower in L2), the four heads' `Q_i` gathered at once by permutes. The error against the exact score is the query's rounding, at most
-    /// `σ/2·Σ |x_i − offset|` (tested against a plain version of this algorithm).
+    /// lanes: 14% slower in L2), the four heads' `Q_i` gathered at once by permutes. The error
+    /// against the exact score is the query's rounding, at most `σ/2·Σ |x_i − offset|` (tested
+    /// against a plain version of this algorithm).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(
         enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx512vbmi,avx512vbmi2,f16c"
@@ -1499,6 +1500,30 @@ mod tests {
         (block, back)
     }
 
+    /// Whole rows encoded one block after another.
+    fn encode_rows(codec: &OakenCodec, rows: &[f32]) -> Vec<u8> {
+        let mut blocks = vec![0u8; rows.len() / codec.head_dim * codec.block_bytes()];
+        for (row, block) in rows
+            .chunks_exact(codec.head_dim)
+            .zip(blocks.chunks_exact_mut(codec.block_bytes()))
+        {
+            codec.encode(row, block).unwrap();
+        }
+        blocks
+    }
+
+    /// Each of the whole rows `queries` prepared for the kernels.
+    fn prepare_queries(codec: &OakenCodec, queries: &[f32]) -> Vec<Vec<f32>> {
+        queries
+            .chunks_exact(codec.head_dim)
+            .map(|q| {
+                let mut p = vec![0f32; codec.query_len()];
+                codec.prepare_query(q, &mut p);
+                p
+            })
+            .collect()
+    }
+
     #[test]
     fn the_grid_rounds_as_f32_round() {
         let mut rng = seeded_rng(4, 0);
@@ -1664,13 +1689,7 @@ mod tests {
             rows.extend((0..head_dim).map(|c| 0.2 + c as f32 * 0.01));
             rows.extend((0..head_dim).map(|c| -0.3 - c as f32 * 0.02));
             rows.extend(std::iter::repeat_n(0.05, head_dim));
-            let mut blocks = vec![0u8; 40 * codec.block_bytes()];
-            for (row, block) in rows
-                .chunks_exact(head_dim)
-                .zip(blocks.chunks_exact_mut(codec.block_bytes()))
-            {
-                codec.encode(row, block).unwrap();
-            }
+            let blocks = encode_rows(&codec, &rows);
             let mut working = vec![f32::NAN; rows.len()];
             codec.decode_working(&blocks, &mut working);
             let mut one = vec![0f32; head_dim];
@@ -1700,23 +1719,10 @@ mod tests {
             rows.extend((0..head_dim).map(|c| -0.3 - c as f32 * 0.02));
             rows.extend(std::iter::repeat_n(0.05, head_dim));
             let n = rows.len() / head_dim;
-            let mut blocks = vec![0u8; n * codec.block_bytes()];
-            for (row, block) in rows
-                .chunks_exact(head_dim)
-                .zip(blocks.chunks_exact_mut(codec.block_bytes()))
-            {
-                codec.encode(row, block).unwrap();
-            }
+            let blocks = encode_rows(&codec, &rows);
             // Five heads: a pass of four and one of one.
             let queries = sample_rows(5, head_dim, 42);
-            let prepared: Vec<Vec<f32>> = queries
-                .chunks_exact(head_dim)
-                .map(|q| {
-                    let mut p = vec![0f32; codec.query_len()];
-                    codec.prepare_query(q, &mut p);
-                    p
-                })
-                .collect();
+            let prepared = prepare_queries(&codec, &queries);
             let views: Vec<&[f32]> = prepared.iter().map(Vec::as_slice).collect();
             let mut scores = vec![vec![f32::NAN; n]; 5];
             let mut outs: Vec<&mut [f32]> = scores.iter_mut().map(Vec::as_mut_slice).collect();
@@ -1793,13 +1799,7 @@ mod tests {
             rows.extend((0..head_dim).map(|c| -0.3 - c as f32 * 0.02));
             rows.extend(std::iter::repeat_n(0.05, head_dim));
             let n = rows.len() / head_dim;
-            let mut blocks = vec![0u8; n * codec.block_bytes()];
-            for (row, block) in rows
-                .chunks_exact(head_dim)
-                .zip(blocks.chunks_exact_mut(codec.block_bytes()))
-            {
-                codec.encode(row, block).unwrap();
-            }
+            let blocks = encode_rows(&codec, &rows);
             // Five heads (a pass of four and one of one), weights of both signs.
             let mut rng = seeded_rng(52, 0);
             let weights: Vec<Vec<f32>> = (0..5)
@@ -1891,21 +1891,8 @@ mod tests {
             // 45 rows: two blocks of 16 and a partial one, in one tile of the sums.
             let n = 45;
             let rows = sample_rows(n, D, 61);
-            let mut blocks = vec![0u8; n * codec.block_bytes()];
-            for (row, block) in rows
-                .chunks_exact(D)
-                .zip(blocks.chunks_exact_mut(codec.block_bytes()))
-            {
-                codec.encode(row, block).unwrap();
-            }
-            let prepared: Vec<Vec<f32>> = sample_rows(4, D, 62)
-                .chunks_exact(D)
-                .map(|q| {
-                    let mut p = vec![0f32; codec.query_len()];
-                    codec.prepare_query(q, &mut p);
-                    p
-                })
-                .collect();
+            let blocks = encode_rows(&codec, &rows);
+            let prepared = prepare_queries(&codec, &sample_rows(4, D, 62));
             let queries: Vec<&[f32]> = prepared.iter().map(Vec::as_slice).collect();
             let weights: Vec<Vec<f32>> = (0..4)
                 .map(|h| {
