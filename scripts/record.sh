@@ -16,7 +16,12 @@ mkdir -p "$root/bench/results"
 python3 - "$root/bench/results/$name.json" "$out" "kvq $*" <<'PY'
 import json, os, platform, subprocess, sys, datetime
 dest, result, command = sys.argv[1:4]
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+info = {}
+for line in open("/proc/cpuinfo"):
+    key, _, value = line.partition(":")
+    info.setdefault(key.strip(), value.strip())
+# The model name alone does not tell the hosts apart ("Intel(R) Xeon(R) Processor" in a VM).
+cpu = f'{info.get("model name", platform.processor())} (family {info.get("cpu family", "?")} model {info.get("model", "?")})'
 mem = next((l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal")), "0")
 commit = os.environ.get("KVQ_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 record = {
