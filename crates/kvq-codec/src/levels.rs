@@ -1127,7 +1127,7 @@ mod avx512 {
         }
     }
 
-    /// Where cut `k` (0..8) of a 3-bit group finds its bits ([`Decoder::plane_levels3`]):
+    /// Where cut `k` (0..8) of a 2- or 3-bit group finds its bits ([`Decoder::plane_levels`]):
     /// its low bit pair, bits `2·(k mod 4)` of each byte of low plane `k/4`, stays in place
     /// but for `k mod 4 = 3`, shifted down to bits 4–5; its high bit, bit `k` of each byte of
     /// the high plane, stays in place where that is clear of the pair within the low 6 bits
@@ -1153,6 +1153,16 @@ mod avx512 {
             pair_at: if k % 4 == 3 { 4 } else { 2 * (k % 4) },
             high_plane,
             high_at,
+        }
+    }
+
+    /// Where 1-bit cut `k` (0..8), bit `k` of each byte, lies in its table index
+    /// ([`Decoder::bit_levels`]): in place, but bits 6 and 7 shifted down by 2.
+    const fn bit_at(k: usize) -> usize {
+        if k < 6 {
+            k
+        } else {
+            k - 2
         }
     }
 
@@ -1213,8 +1223,8 @@ mod avx512 {
         level_pairs: [__m512i; 2],
         code_mask: __m512i,
         table: Option<__m512i>,
-        /// 3-bit codes: per cut of a group, the level of each 6-bit index in which
-        /// [`plane_cut`] places the cut's bits (the other index bits ignored).
+        /// 1- to 3-bit codes (bit planes): per cut, the level of each 6-bit index in which
+        /// [`bit_at`] or [`plane_cut`] places the cut's bits (the other index bits ignored).
         plane_cuts: [__m512i; 8],
         permute: __m512i,
         shifts: __m512i,
@@ -1296,8 +1306,13 @@ mod avx512 {
                 }),
                 plane_cuts: std::array::from_fn(|k| {
                     let cut = plane_cut(k);
+                    let high = usize::from(b == 3);
                     bytes(std::array::from_fn(|i| {
-                        let code = (i >> cut.pair_at) & 3 | ((i >> cut.high_at) & 1) << 2;
+                        let code = if b == 1 {
+                            (i >> bit_at(k)) & 1
+                        } else {
+                            (i >> cut.pair_at) & 3 | ((i >> cut.high_at) & high) << 2
+                        };
                         match format.table {
                             Some(t) => (t.levels[code] as u8) ^ 0x80,
                             None => code as u8,
@@ -1850,14 +1865,12 @@ mod avx512 {
                 return decoder.cut_group::<B>(words, local);
             }
             let plane = |p: usize| words.word(B * local + p);
-            let low = [plane(0), plane(1)];
-            if B == 3 {
-                return decoder.plane_levels3(low, plane(2));
-            }
-            std::array::from_fn(|k| {
-                let pair = _mm512_srlv_epi32(low[k / 4], _mm512_set1_epi32(2 * (k % 4) as i32));
-                decoder.pair_level(pair)
-            })
+            let high = if B == 3 {
+                plane(2)
+            } else {
+                _mm512_setzero_si512()
+            };
+            decoder.plane_levels::<B>([plane(0), plane(1)], high)
         }
 
         /// The 1- to 3-bit planes of a pair of quads ([`super::Interleaving::bit_sources`]),
@@ -1875,16 +1888,17 @@ mod avx512 {
             let at = self.codes(8 * p).add(64 * B * (pair * slices + half));
             if B == 1 {
                 // One plane for both quads: quad `s`'s code `16j + l` is bit `4s + j` of byte l.
-                let bits = _mm512_loadu_si512(at as *const _);
-                return [decoder.bit_quad(bits, 0), decoder.bit_quad(bits, 4)];
-            }
-            let low = |second: usize| _mm512_loadu_si512(at.add(64 * second) as *const _);
-            if B == 3 {
-                let high = _mm512_loadu_si512(at.add(128) as *const _);
-                let levels = decoder.plane_levels3([low(0), low(1)], high);
+                let levels = decoder.bit_levels(_mm512_loadu_si512(at as *const _));
                 return [0, 4].map(|first| std::array::from_fn(|j| levels[first + j]));
             }
-            [decoder.pair_quad(low(0)), decoder.pair_quad(low(1))]
+            let low = |second: usize| _mm512_loadu_si512(at.add(64 * second) as *const _);
+            let high = if B == 3 {
+                _mm512_loadu_si512(at.add(128) as *const _)
+            } else {
+                _mm512_setzero_si512()
+            };
+            let levels = decoder.plane_levels::<B>([low(0), low(1)], high);
+            [0, 4].map(|first| std::array::from_fn(|j| levels[first + j]))
         }
 
         #[inline]
@@ -1907,51 +1921,34 @@ mod avx512 {
     }
 
     impl Decoder {
-        /// The levels of four vectors of 1-bit codes: vector `j`'s are bit `first + j` of
-        /// each byte of `bits`.
+        /// The levels of eight vectors of 1-bit codes, vector `k`'s bit `k` of each byte of
+        /// `bits`: one `vpermb` each through its table ([`Decoder::plane_cuts`]), bits 6 and
+        /// 7 shifted down to 4 and 5 first ([`bit_at`]).
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-        unsafe fn bit_quad(&self, bits: __m512i, first: i32) -> [__m512i; 4] {
-            let one = _mm512_set1_epi8(1);
-            let bit = |j: i32| _mm512_srlv_epi32(bits, _mm512_set1_epi32(first + j));
-            [
-                self.level(_mm512_and_si512(bit(0), one)),
-                self.level(_mm512_and_si512(bit(1), one)),
-                self.level(_mm512_and_si512(bit(2), one)),
-                self.level(_mm512_and_si512(bit(3), one)),
-            ]
+        unsafe fn bit_levels(&self, bits: __m512i) -> [__m512i; 8] {
+            let shifted = _mm512_srli_epi32::<2>(bits);
+            std::array::from_fn(|k| {
+                let index = if k < 6 { bits } else { shifted };
+                _mm512_permutexvar_epi8(index, self.plane_cuts[k])
+            })
         }
 
-        /// The levels of four vectors of 2-bit codes, vector `j`'s bits `2j..2j + 2` of each
-        /// byte of `low`.
+        /// The levels of a group's eight vectors of `B`-bit codes (2 or 3) from their bit
+        /// planes: vector `k`'s low bit pair is bits `2·(k mod 4)` of each byte of `low[k/4]`,
+        /// its high bit (3 bits) bit `k` of each byte of `high`. Four shifts place every
+        /// cut's bits apart within the low 6 bits of a byte ([`plane_cut`]); for 3 bits one
+        /// `vpternlogd` merges the planes; one `vpermb` through the cut's table
+        /// ([`Decoder::plane_cuts`]) gives the level, whatever the other index bits hold.
+        /// (Shifting each cut's bits down to bits 0–2 took 13 shifts per group for 3 bits and
+        /// a mask per cut: the 3-bit scores 6% slower on the Intel host.)
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-        unsafe fn pair_quad(&self, low: __m512i) -> [__m512i; 4] {
-            [
-                self.pair_level(low),
-                self.pair_level(_mm512_srli_epi32::<2>(low)),
-                self.pair_level(_mm512_srli_epi32::<4>(low)),
-                self.pair_level(_mm512_srli_epi32::<6>(low)),
-            ]
-        }
-
-        /// The levels of 2-bit codes in bits 0–1 of each byte of `pair`.
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-        unsafe fn pair_level(&self, pair: __m512i) -> __m512i {
-            self.level(_mm512_and_si512(pair, _mm512_set1_epi8(3)))
-        }
-
-        /// The levels of a group's eight vectors of 3-bit codes from their bit planes: vector
-        /// `k`'s low bit pair is bits `2·(k mod 4)` of each byte of `low[k/4]`, its high bit
-        /// bit `k` of each byte of `high`. Four shifts place every cut's three bits apart within
-        /// the low 6 bits of a byte ([`plane_cut`]); one `vpternlogd` merges the planes and
-        /// one `vpermb` through the cut's table ([`Decoder::plane_cuts`]) gives the level,
-        /// whatever the other index bits hold. (Shifting each cut's bits down to 0–2 took 13
-        /// shifts and a mask: the 3-bit scores 6% slower on the Intel host.)
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
-        unsafe fn plane_levels3(&self, low: [__m512i; 2], high: __m512i) -> [__m512i; 8] {
+        unsafe fn plane_levels<const B: usize>(
+            &self,
+            low: [__m512i; 2],
+            high: __m512i,
+        ) -> [__m512i; 8] {
             let lows = [
                 low[0],
                 low[1],
@@ -1966,12 +1963,17 @@ mod avx512 {
             std::array::from_fn(|k| {
                 let cut = plane_cut(k);
                 let pair = lows[k / 4 + 2 * usize::from(cut.low_shifted)];
-                // The pair's bits from `pair`, the others from the high plane: `(A & C) | (B & !C)`.
-                let index = _mm512_ternarylogic_epi32::<0xE4>(
-                    pair,
-                    highs[cut.high_plane],
-                    _mm512_set1_epi8(3 << cut.pair_at),
-                );
+                let index = if B == 3 {
+                    // The pair's bits from `pair`, the others from the high plane:
+                    // `(A & C) | (B & !C)`.
+                    _mm512_ternarylogic_epi32::<0xE4>(
+                        pair,
+                        highs[cut.high_plane],
+                        _mm512_set1_epi8(3 << cut.pair_at),
+                    )
+                } else {
+                    pair
+                };
                 _mm512_permutexvar_epi8(index, self.plane_cuts[k])
             })
         }
