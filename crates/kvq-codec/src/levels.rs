@@ -1131,7 +1131,7 @@ mod avx512 {
     /// its low bit pair, bits `2·(k mod 4)` of each byte of low plane `k/4`, stays in place
     /// but for `k mod 4 = 3`, shifted down to bits 4–5; its high bit, bit `k` of each byte of
     /// the high plane, stays in place where that is clear of the pair within the low 6 bits
-    /// (k = 1..6), else comes from the high plane shifted left by 2 (k = 0: bit 2) or right
+    /// (k = 1..5), else comes from the high plane shifted left by 2 (k = 0: bit 2) or right
     /// by 6 (k = 6, 7: bits 0, 1).
     #[derive(Clone, Copy)]
     struct PlaneCut {
