@@ -1223,6 +1223,9 @@ mod avx512 {
         level_pairs: [__m512i; 2],
         code_mask: __m512i,
         table: Option<__m512i>,
+        /// The table over 64 entries, entry `i` the level of code `i mod 16`: a `vpermb`
+        /// through it takes 4-bit codes from bits 0–3 of a byte without masking bits 4–5.
+        table64: Option<__m512i>,
         /// 1- to 3-bit codes (bit planes): per cut, the level of each 6-bit index in which
         /// [`bit_at`] or [`plane_cut`] places the cut's bits (the other index bits ignored).
         plane_cuts: [__m512i; 8],
@@ -1304,6 +1307,9 @@ mod avx512 {
                     let biased: [u8; 16] = std::array::from_fn(|i| (t.levels[i] as u8) ^ 0x80);
                     _mm512_broadcast_i32x4(_mm_loadu_si128(biased.as_ptr() as *const _))
                 }),
+                table64: format
+                    .table
+                    .map(|t| bytes(std::array::from_fn(|i| (t.levels[i % 16] as u8) ^ 0x80))),
                 plane_cuts: std::array::from_fn(|k| {
                     let cut = plane_cut(k);
                     let high = usize::from(b == 3);
@@ -1403,6 +1409,10 @@ mod avx512 {
                     } else {
                         _mm512_srli_epi32::<4>(word)
                     };
+                    if B == 4 {
+                        *o = self.nibble_level(codes);
+                        continue;
+                    }
                     let mut codes = _mm512_and_si512(codes, self.code_mask);
                     if B == 5 {
                         // The fifth bits of this cut's channels, `4(k/2) + 16(k mod 2) + i`
@@ -1454,6 +1464,18 @@ mod avx512 {
             match self.table {
                 Some(t) => _mm512_shuffle_epi8(t, codes),
                 None => codes,
+            }
+        }
+
+        /// The levels of the 4-bit codes in bits 0–3 of each byte of `x`, whatever bits 4–7
+        /// hold: one `vpermb` through [`Decoder::table64`] where the format has a table (a
+        /// mask and a `vpshufb` before), else the mask.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx512vbmi,avx512vbmi2")]
+        unsafe fn nibble_level(&self, x: __m512i) -> __m512i {
+            match self.table64 {
+                Some(t) => _mm512_permutexvar_epi8(x, t),
+                None => _mm512_and_si512(x, _mm512_set1_epi8(0x0f)),
             }
         }
 
@@ -2649,8 +2671,6 @@ mod avx512 {
     ) {
         let format = &decoder.format;
         let (w, n) = (format.width, rows.rows());
-        let nibble = _mm512_set1_epi8(0x0f);
-
         // Packed codes alternate channels within a byte; llama.cpp blocks' nibbles are 16 apart.
         let interleave: [__m512i; 2] = [
             _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
@@ -2670,10 +2690,10 @@ mod avx512 {
                     }
                     let [x0, x1] = rows.nibble_quad(decoder, k, c, half);
                     let parts = [
-                        decoder.level(_mm512_and_si512(x0, nibble)),
-                        decoder.level(_mm512_and_si512(_mm512_srli_epi16::<4>(x0), nibble)),
-                        decoder.level(_mm512_and_si512(x1, nibble)),
-                        decoder.level(_mm512_and_si512(_mm512_srli_epi16::<4>(x1), nibble)),
+                        decoder.nibble_level(x0),
+                        decoder.nibble_level(_mm512_srli_epi16::<4>(x0)),
+                        decoder.nibble_level(x1),
+                        decoder.nibble_level(_mm512_srli_epi16::<4>(x1)),
                     ];
                     add_quad(&mut sums, &parts, &weights, k);
                 }
