@@ -1960,8 +1960,7 @@ mod avx512 {
         /// planes: vector `k`'s low bit pair is bits `2·(k mod 4)` of each byte of `low[k/4]`,
         /// its high bit (3 bits) bit `k` of each byte of `high`. Four shifts (two for 2 bits)
         /// place every cut's bits apart within the low 6 bits of a byte ([`plane_cut`]); for
-        /// 3 bits one
-        /// `vpternlogd` merges the planes; one `vpermb` through the cut's table
+        /// 3 bits one `vpternlogd` merges the planes; one `vpermb` through the cut's table
         /// ([`Decoder::plane_cuts`]) gives the level, whatever the other index bits hold.
         /// (Shifting each cut's bits down to bits 0–2 took 13 shifts per group for 3 bits and
         /// a mask per cut: the 3-bit scores 6% slower on the Intel host.)
