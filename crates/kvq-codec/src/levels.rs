@@ -1135,13 +1135,17 @@ mod avx512 {
     /// by 6 (k = 6, 7: bits 0, 1).
     #[derive(Clone, Copy)]
     struct PlaneCut {
+        /// Whether the low plane is shifted right by 2 first.
         low_shifted: bool,
+        /// The pair's lowest bit in the index.
         pair_at: usize,
         /// The high plane as is (0), shifted left by 2 (1) or right by 6 (2).
         high_plane: usize,
+        /// The high bit in the index.
         high_at: usize,
     }
 
+    /// [`PlaneCut`] of cut `k`.
     const fn plane_cut(k: usize) -> PlaneCut {
         let (high_plane, high_at) = match k {
             0 => (1, 2),
