@@ -3,24 +3,9 @@
 # at 2 and 8 threads, three rounds (bench/gpu/host-cpu.sh), with this session's kernels; then
 # the plane-table kernels against d9e350b's (.gpubin/kvq-old), 2 threads, 5 rounds in turns;
 # then the group kernels in L2 (.gpubin/gk, .gpubin/gk-old: the group_kernels example of
-# each build), both roles, 5 runs each.
+# each build), both roles, 5 runs each (bench/gpu/host-l2.sh).
 KV=q4_0,int4-g128,int3-g64,int3-g128,turbo3,turbo2,kivi4,turbo4-prod,turbo3-prod \
   THREADS="2 8" ROUNDS=3 bash bench/gpu/host-cpu.sh
 KV=int3-g128,turbo3,int3,turbo2,turbo3-prod,turbo4-prod ITERS=10 bash bench/cpu/ab.sh 5 \
   old:.gpubin/kvq-old:RAYON_NUM_THREADS=2 new:.gpubin/kvq:RAYON_NUM_THREADS=2 | tee $OUT/ab-planes-xeon.txt
-schemes="int3-g128 turbo3 int3 int2-g128 turbo2 q4_0 turbo4-prod turbo3-prod turbo2-prod"
-for i in 1 2 3 4 5; do
-  for b in gk-old gk; do
-    ROLE=key INTERLEAVE=1 SPAN=1024 .gpubin/$b $schemes | awk -v b=$b '{print b, "score", $1, $3}'
-    INTERLEAVE=1 SPAN=1024 .gpubin/$b $schemes | awk -v b=$b '{print b, "sums", $1, $5}'
-  done
-done > $OUT/l2-xeon.txt
-python3 - $OUT/l2-xeon.txt <<'PY' | tee $OUT/l2-xeon-summary.txt
-import collections, sys
-runs = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    build, role, kv, ns = line.split()
-    runs[(kv, role, build)].append(float(ns))
-for (kv, role, build), ns in sorted(runs.items()):
-    print(f"{kv:12} {role:6} {build:7} min {min(ns):.2f}  all " + " ".join(f"{x:.2f}" for x in ns))
-PY
+SCHEMES="int3-g128 turbo3 int3 int2-g128 turbo2 q4_0 turbo4-prod turbo3-prod turbo2-prod" NAME=l2-xeon bash bench/gpu/host-l2.sh
