@@ -164,6 +164,16 @@ formats!(
     AsU8 = RowFormat::U8,
 );
 
+/// Whether rows in `F` keep scales ([`RowFormat::Q8_0`]'s per block, FP8's and int8's per
+/// row) that the vector kernels apply after decoding.
+#[cfg(target_arch = "x86_64")]
+const fn scaled<F: Format>() -> bool {
+    matches!(
+        F::ROW,
+        RowFormat::Q8_0 | RowFormat::Fp8 { .. } | RowFormat::Int8
+    )
+}
+
 /// `$f::<F>($args)` (in a vector module) with `F` the [`Format`] of the runtime `$format`.
 #[cfg(target_arch = "x86_64")]
 macro_rules! with_format {
@@ -1195,6 +1205,19 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load8_as<F: super::Format>(row: *const u8, i: usize) -> __m256 {
+        let x = unscaled8_as::<F>(row, i);
+        if super::scaled::<F>() {
+            _mm256_mul_ps(x, _mm256_set1_ps(scale_as::<F>(row, i)))
+        } else {
+            x
+        }
+    }
+
+    /// 8 values at element `i` of the row at `row` before their scale ([`scale_as`]; no bounds
+    /// check).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unscaled8_as<F: super::Format>(row: *const u8, i: usize) -> __m256 {
         match F::ROW {
             RowFormat::F32 => _mm256_loadu_ps(row.add(4 * i) as *const f32),
             RowFormat::F16 => _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i)),
@@ -1203,28 +1226,37 @@ pub(crate) mod avx2 {
                 _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
             }
             RowFormat::Q8_0 => {
-                let (scale, value) = RowFormat::q8_0_at(i);
-                let x = _mm256_cvtepi8_epi32(_mm_loadl_epi64(row.add(value) as *const __m128i));
-                _mm256_mul_ps(
-                    _mm256_cvtepi32_ps(x),
-                    _mm256_set1_ps(f16_at(row.add(scale))),
-                )
+                let value = RowFormat::q8_0_at(i).1;
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                    row.add(value) as *const __m128i
+                )))
             }
             RowFormat::Fp8 { e5m2 } => {
                 let codes = _mm_cvtepu8_epi16(_mm_loadl_epi64(row.add(2 + i) as *const __m128i));
-                let (bits, factor, nan) = fp8_as_f16(codes, e5m2);
-                let x = _mm256_mul_ps(_mm256_cvtph_ps(bits), _mm256_set1_ps(factor * f16_at(row)));
+                let (bits, _, nan) = fp8_as_f16(codes, e5m2);
                 let nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan));
-                _mm256_blendv_ps(x, _mm256_set1_ps(f32::NAN), nan)
+                _mm256_blendv_ps(_mm256_cvtph_ps(bits), _mm256_set1_ps(f32::NAN), nan)
             }
             RowFormat::Int8 => {
                 let codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(row.add(2 + i) as *const __m128i));
-                let x = _mm256_cvtepi32_ps(_mm256_sub_epi32(codes, _mm256_set1_epi32(128)));
-                _mm256_mul_ps(x, _mm256_set1_ps(f16_at(row)))
+                _mm256_cvtepi32_ps(_mm256_sub_epi32(codes, _mm256_set1_epi32(128)))
             }
             RowFormat::U8 => _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
                 row.add(i) as *const __m128i
             ))),
+        }
+    }
+
+    /// The scale of [`unscaled8_as`]'s values from element `i` (of its q8_0 block, or of the
+    /// whole row for FP8 and int8; 1 for the formats without one).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scale_as<F: super::Format>(row: *const u8, i: usize) -> f32 {
+        match F::ROW {
+            RowFormat::Q8_0 => f16_at(row.add(RowFormat::q8_0_at(i).0)),
+            RowFormat::Fp8 { e5m2 } => fp8_factor(e5m2) * f16_at(row),
+            RowFormat::Int8 => f16_at(row),
+            RowFormat::F32 | RowFormat::F16 | RowFormat::Bf16 | RowFormat::U8 => 1.0,
         }
     }
 
@@ -1236,16 +1268,30 @@ pub(crate) mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn fp8_as_f16(codes: __m128i, e5m2: bool) -> (__m128i, f32, __m128i) {
         if e5m2 {
-            return (_mm_slli_epi16(codes, 8), 1.0, _mm_setzero_si128());
+            return (
+                _mm_slli_epi16(codes, 8),
+                fp8_factor(e5m2),
+                _mm_setzero_si128(),
+            );
         }
         let sign = _mm_slli_epi16(_mm_and_si128(codes, _mm_set1_epi16(0x80)), 8);
         let magnitude = _mm_and_si128(codes, _mm_set1_epi16(0x7F));
         let bits = _mm_or_si128(sign, _mm_slli_epi16(magnitude, 7));
         (
             bits,
-            256.0,
+            fp8_factor(e5m2),
             _mm_cmpeq_epi16(magnitude, _mm_set1_epi16(0x7F)),
         )
+    }
+
+    /// What FP8 codes read as f16 bit patterns ([`fp8_as_f16`]) are multiplied by to give their
+    /// values: 2⁸ for E4M3, 1 for E5M2.
+    pub const fn fp8_factor(e5m2: bool) -> f32 {
+        if e5m2 {
+            1.0
+        } else {
+            256.0
+        }
     }
 
     /// The lane sums of `a[0]`, …, `a[7]`, in that order, as one vector.
@@ -1275,14 +1321,29 @@ pub(crate) mod avx2 {
         rows: *const u8,
         row_bytes: usize,
     ) -> [__m256; 2] {
+        let row = |k: usize| rows.add(k * row_bytes);
         let mut acc = [_mm256_setzero_ps(); 8];
+        // q8_0's block scales multiply the values, once per block and row; the scale of a
+        // whole row (FP8, int8) multiplies its scores at the end.
+        let blocks = matches!(F::ROW, RowFormat::Q8_0);
+        let mut block_scales = [_mm256_setzero_ps(); 4];
         for i in (0..d).step_by(8) {
-            let x: [__m256; 4] = [
-                load8_as::<F>(rows, i),
-                load8_as::<F>(rows.add(row_bytes), i),
-                load8_as::<F>(rows.add(2 * row_bytes), i),
-                load8_as::<F>(rows.add(3 * row_bytes), i),
+            let mut x: [__m256; 4] = [
+                unscaled8_as::<F>(row(0), i),
+                unscaled8_as::<F>(row(1), i),
+                unscaled8_as::<F>(row(2), i),
+                unscaled8_as::<F>(row(3), i),
             ];
+            if blocks {
+                if i % super::Q8_0_BLOCK.1 == 0 {
+                    for (k, scale) in block_scales.iter_mut().enumerate() {
+                        *scale = _mm256_set1_ps(scale_as::<F>(row(k), i));
+                    }
+                }
+                for (x, scale) in x.iter_mut().zip(block_scales) {
+                    *x = _mm256_mul_ps(*x, scale);
+                }
+            }
             for h in 0..H {
                 let qv = _mm256_loadu_ps(q[h].add(i));
                 for k in 0..4 {
@@ -1290,7 +1351,32 @@ pub(crate) mod avx2 {
                 }
             }
         }
-        [hsum8(acc), _mm256_setzero_ps()]
+        let mut scores = hsum8(acc);
+        // Lane 4h + k holds row k's score: times the row's scale.
+        if let Some(scales) = row_scales::<F>(rows, row_bytes) {
+            scores = _mm256_mul_ps(scores, scales);
+        }
+        [scores, _mm256_setzero_ps()]
+    }
+
+    /// The scales of the 4 rows at `rows` (`row_bytes` apart) in lanes `k` and `4 + k`, for the
+    /// formats with one scale per row (`None` for the others).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn row_scales<F: super::Format>(
+        rows: *const u8,
+        row_bytes: usize,
+    ) -> Option<__m256> {
+        match F::ROW {
+            RowFormat::Fp8 { .. } | RowFormat::Int8 => {
+                let s0 = scale_as::<F>(rows, 0);
+                let s1 = scale_as::<F>(rows.add(row_bytes), 0);
+                let s2 = scale_as::<F>(rows.add(2 * row_bytes), 0);
+                let s3 = scale_as::<F>(rows.add(3 * row_bytes), 0);
+                Some(_mm256_setr_ps(s0, s1, s2, s3, s0, s1, s2, s3))
+            }
+            _ => None,
+        }
     }
 
     group_drivers!(8, 16, [1, 2], "avx2,fma,f16c");
@@ -1310,7 +1396,14 @@ pub(crate) mod avx2 {
         let mut sum = [[_mm256_setzero_ps(); 2]; H];
         for t in 0..n {
             let row = rows.add(t * row_bytes);
-            let x = [load8_as::<F>(row, i), load8_as::<F>(row, i + 8)];
+            // (16 channels lie within one q8_0 block: one scale for both vectors.)
+            let scale = _mm256_set1_ps(scale_as::<F>(row, i));
+            let x = [unscaled8_as::<F>(row, i), unscaled8_as::<F>(row, i + 8)];
+            let x = if super::scaled::<F>() {
+                [_mm256_mul_ps(x[0], scale), _mm256_mul_ps(x[1], scale)]
+            } else {
+                x
+            };
             for h in 0..H {
                 let wv = _mm256_broadcast_ss(&*w[h].add(t));
                 sum[h][0] = _mm256_fmadd_ps(wv, x[0], sum[h][0]);
@@ -1431,10 +1524,11 @@ mod avx512 {
         (_mm512_reduce_add_ps(sum), xs.len())
     }
 
-    /// 16 values at element `i` of the row at `row` (no bounds check).
+    /// 16 values at element `i` of the row at `row` before their scale (`avx2::scale_as`;
+    /// no bounds check).
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
-    unsafe fn load16_as<F: super::Format>(row: *const u8, i: usize) -> __m512 {
+    unsafe fn unscaled16_as<F: super::Format>(row: *const u8, i: usize) -> __m512 {
         match F::ROW {
             RowFormat::F32 => _mm512_loadu_ps(row.add(4 * i) as *const f32),
             RowFormat::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(row.add(2 * i) as *const __m256i)),
@@ -1443,26 +1537,22 @@ mod avx512 {
                 _mm512_castsi512_ps(_mm512_slli_epi32(h, 16))
             }
             RowFormat::Q8_0 => {
-                let (scale, value) = RowFormat::q8_0_at(i);
-                let x = _mm512_cvtepi8_epi32(_mm_loadu_si128(row.add(value) as *const __m128i));
-                let d = super::avx2::f16_at(row.add(scale));
-                _mm512_mul_ps(_mm512_cvtepi32_ps(x), _mm512_set1_ps(d))
+                let value = RowFormat::q8_0_at(i).1;
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                    row.add(value) as *const __m128i
+                )))
             }
             RowFormat::Fp8 { e5m2 } => {
                 let codes = _mm256_cvtepu8_epi16(_mm_loadu_si128(row.add(2 + i) as *const __m128i));
                 let magnitude = _mm256_and_si256(codes, _mm256_set1_epi16(0x7F));
-                let (bits, factor) = if e5m2 {
-                    (_mm256_slli_epi16(codes, 8), 1.0)
+                let bits = if e5m2 {
+                    _mm256_slli_epi16(codes, 8)
                 } else {
                     let sign =
                         _mm256_slli_epi16(_mm256_and_si256(codes, _mm256_set1_epi16(0x80)), 8);
-                    (
-                        _mm256_or_si256(sign, _mm256_slli_epi16(magnitude, 7)),
-                        256.0,
-                    )
+                    _mm256_or_si256(sign, _mm256_slli_epi16(magnitude, 7))
                 };
-                let scale = factor * super::avx2::f16_at(row);
-                let x = _mm512_mul_ps(_mm512_cvtph_ps(bits), _mm512_set1_ps(scale));
+                let x = _mm512_cvtph_ps(bits);
                 // E4M3's NaN code (its magnitude all ones) decodes to NaN, as in the codec.
                 let nan = if e5m2 {
                     0
@@ -1474,8 +1564,7 @@ mod avx512 {
             }
             RowFormat::Int8 => {
                 let codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(row.add(2 + i) as *const __m128i));
-                let x = _mm512_cvtepi32_ps(_mm512_sub_epi32(codes, _mm512_set1_epi32(128)));
-                _mm512_mul_ps(x, _mm512_set1_ps(super::avx2::f16_at(row)))
+                _mm512_cvtepi32_ps(_mm512_sub_epi32(codes, _mm512_set1_epi32(128)))
             }
             RowFormat::U8 => _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
                 row.add(i) as *const __m128i
@@ -1621,14 +1710,29 @@ mod avx512 {
         rows: *const u8,
         row_bytes: usize,
     ) -> [__m256; 2] {
+        let row = |k: usize| rows.add(k * row_bytes);
         let mut acc = [_mm512_setzero_ps(); 16];
+        // q8_0's block scales multiply the values, once per block and row; the scale of a
+        // whole row (FP8, int8) multiplies its scores at the end.
+        let blocks = matches!(F::ROW, RowFormat::Q8_0);
+        let mut block_scales = [_mm512_setzero_ps(); 4];
         for i in (0..d).step_by(16) {
-            let x: [__m512; 4] = [
-                load16_as::<F>(rows, i),
-                load16_as::<F>(rows.add(row_bytes), i),
-                load16_as::<F>(rows.add(2 * row_bytes), i),
-                load16_as::<F>(rows.add(3 * row_bytes), i),
+            let mut x: [__m512; 4] = [
+                unscaled16_as::<F>(row(0), i),
+                unscaled16_as::<F>(row(1), i),
+                unscaled16_as::<F>(row(2), i),
+                unscaled16_as::<F>(row(3), i),
             ];
+            if blocks {
+                if i % super::Q8_0_BLOCK.1 == 0 {
+                    for (k, scale) in block_scales.iter_mut().enumerate() {
+                        *scale = _mm512_set1_ps(super::avx2::scale_as::<F>(row(k), i));
+                    }
+                }
+                for (x, scale) in x.iter_mut().zip(block_scales) {
+                    *x = _mm512_mul_ps(*x, scale);
+                }
+            }
             for h in 0..H {
                 let qv = _mm512_loadu_ps(q[h].add(i));
                 for k in 0..4 {
@@ -1641,11 +1745,19 @@ mod avx512 {
             halves[j / 8][j % 8] =
                 _mm256_add_ps(_mm512_castps512_ps256(*a), _mm512_extractf32x8_ps(*a, 1));
         }
-        if H <= 2 {
+        let mut scores = if H <= 2 {
             [hsum8(halves[0]), _mm256_setzero_ps()]
         } else {
             [hsum8(halves[0]), hsum8(halves[1])]
+        };
+        // Lane 4h + k holds row k's score: times the row's scale.
+        if let Some(scales) = super::avx2::row_scales::<F>(rows, row_bytes) {
+            scores = [
+                _mm256_mul_ps(scores[0], scales),
+                _mm256_mul_ps(scores[1], scales),
+            ];
         }
+        scores
     }
 
     group_drivers!(
@@ -1655,7 +1767,8 @@ mod avx512 {
         "avx512f,avx512dq,avx512vl,avx2,fma,f16c"
     );
 
-    /// As `avx2::accumulate_chunk`, for 64 channels.
+    /// As `avx2::accumulate_chunk`, for 64 channels, each row's scales read once (per q8_0
+    /// block, or per row).
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
     unsafe fn accumulate_chunk<F: super::Format, const H: usize>(
@@ -1666,15 +1779,27 @@ mod avx512 {
         i: usize,
         acc: [*mut f32; H],
     ) {
+        let blocks = matches!(F::ROW, RowFormat::Q8_0);
         let mut sum = [[_mm512_setzero_ps(); 4]; H];
         for t in 0..n {
             let row = rows.add(t * row_bytes);
-            let x: [__m512; 4] = [
-                load16_as::<F>(row, i),
-                load16_as::<F>(row, i + 16),
-                load16_as::<F>(row, i + 32),
-                load16_as::<F>(row, i + 48),
+            let mut x: [__m512; 4] = [
+                unscaled16_as::<F>(row, i),
+                unscaled16_as::<F>(row, i + 16),
+                unscaled16_as::<F>(row, i + 32),
+                unscaled16_as::<F>(row, i + 48),
             ];
+            if super::scaled::<F>() {
+                // The second half's block for q8_0, the same scale for a row's.
+                let half = if blocks { 32 } else { 0 };
+                let scales = [
+                    _mm512_set1_ps(super::avx2::scale_as::<F>(row, i)),
+                    _mm512_set1_ps(super::avx2::scale_as::<F>(row, i + half)),
+                ];
+                for (k, x) in x.iter_mut().enumerate() {
+                    *x = _mm512_mul_ps(*x, scales[k / 2]);
+                }
+            }
             for h in 0..H {
                 let wv = _mm512_set1_ps(*w[h].add(t));
                 for k in 0..4 {
