@@ -1396,14 +1396,7 @@ pub(crate) mod avx2 {
         let mut sum = [[_mm256_setzero_ps(); 2]; H];
         for t in 0..n {
             let row = rows.add(t * row_bytes);
-            // (16 channels lie within one q8_0 block: one scale for both vectors.)
-            let scale = _mm256_set1_ps(scale_as::<F>(row, i));
-            let x = [unscaled8_as::<F>(row, i), unscaled8_as::<F>(row, i + 8)];
-            let x = if super::scaled::<F>() {
-                [_mm256_mul_ps(x[0], scale), _mm256_mul_ps(x[1], scale)]
-            } else {
-                x
-            };
+            let x = [load8_as::<F>(row, i), load8_as::<F>(row, i + 8)];
             for h in 0..H {
                 let wv = _mm256_broadcast_ss(&*w[h].add(t));
                 sum[h][0] = _mm256_fmadd_ps(wv, x[0], sum[h][0]);
