@@ -7,7 +7,7 @@
 //! 64 as a cache page; `ROWS`, rows in all, default 2048; `ROLE=key` for the key codec;
 //! `INTERLEAVE=1` for the codecs in interleaved blocks, as the cache keeps them: then only the
 //! role's kernel is timed, the scores for keys and the sums for values, which read them in
-//! place).
+//! place; `ISA=avx2` for the kernels of CPUs without AVX-512, `ISA=f32` for the float kernels).
 
 use kvq_codec::simd::Ahead;
 use kvq_codec::{build_codec, Calibration, OakenThresholds, Role, SchemeKind};
@@ -22,6 +22,15 @@ fn env(name: &str, default: usize) -> usize {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (head_dim, rows, heads, span) = (128, env("ROWS", 2048), env("HEADS", 4), env("SPAN", 64));
+    match std::env::var("ISA").as_deref() {
+        Ok("avx2") => kvq_codec::simd::set_isa_limit(kvq_codec::simd::Isa::Avx2),
+        Ok("f32") => kvq_codec::levels::set_enabled(false),
+        Ok("avx2-f32") => {
+            kvq_codec::simd::set_isa_limit(kvq_codec::simd::Isa::Avx2);
+            kvq_codec::levels::set_enabled(false)
+        }
+        _ => {}
+    }
     let role = match std::env::var("ROLE").as_deref() {
         Ok("key") => Role::Key,
         _ => Role::Value,

@@ -44,11 +44,14 @@
 //! ([`score_channel_blocks`]), their rows interleaved 16 at a time where the cache
 //! interleaves ([`ChannelBlocks::interleaving`]); their sums keep the float kernels.
 //!
-//! The kernels need AVX-512 F/BW/DQ/VNNI/VBMI/VBMI2 ([`available`]); elsewhere, and after
-//! [`set_enabled`]`(false)`, the float kernels run.
+//! The kernels need AVX-512 F/BW/DQ/VNNI/VBMI/VBMI2 ([`available`]); elsewhere [`avx2`]'s
+//! kernels take the 4-bit formats without a table in the row layout, and the float kernels the
+//! rest, as they take everything after [`set_enabled`]`(false)`.
 
 use crate::simd::Ahead;
 use std::cell::RefCell;
+
+pub mod avx2;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Rows per tile: the weights of a tile share one rounding step per head and map.
@@ -2767,6 +2770,7 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simd::{with_isa_limit, Isa};
     use crate::{build_codec, Calibration, Codec, Role, SchemeKind};
     use half::f16;
     use rand::{Rng, SeedableRng};
@@ -2831,6 +2835,32 @@ mod tests {
     /// A scheme with a level format: its label, codec, format, encoded rows and their
     /// working-space decoding.
     type LevelCase = (String, Box<dyn Codec>, LevelFormat, Vec<u8>, Vec<f32>);
+
+    /// The integer kernel families this CPU runs, each with the ISA limit that selects it.
+    fn integer_kernel_limits() -> Vec<(&'static str, Isa)> {
+        let family = |isa| {
+            with_isa_limit(isa, || {
+                if available() {
+                    Some("avx512")
+                } else if avx2::available() {
+                    Some("avx2")
+                } else {
+                    None
+                }
+            })
+        };
+        let mut out: Vec<(&str, Isa)> = Vec::new();
+        for isa in [Isa::Avx512, Isa::Avx2] {
+            match family(isa) {
+                Some(name) if out.iter().all(|(n, _)| *n != name) => out.push((name, isa)),
+                _ => {}
+            }
+        }
+        if out.is_empty() {
+            eprintln!("no AVX-512 VNNI/VBMI or AVX2 here: the integer kernels are not used");
+        }
+        out
+    }
 
     /// Encoded random rows of every scheme with a level format.
     fn level_codecs(rows: usize) -> Vec<LevelCase> {
@@ -3221,13 +3251,22 @@ mod tests {
     /// values, and equal (to float rounding) to the integer algorithm written plainly.
     #[test]
     fn integer_scores_match_the_plain_algorithm_and_the_rounding_bound() {
-        if !available() {
-            eprintln!("no AVX-512 VNNI/VBMI here: the integer kernels are not used");
-            return;
+        for (kernels, isa) in integer_kernel_limits() {
+            with_isa_limit(isa, || integer_scores_match(kernels));
         }
+    }
+
+    fn integer_scores_match(kernels: &str) {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let rows = 75; // two whole tiles and a partial one, a partial 16-row block
+        let mut checked = 0;
         for (name, codec, format, bytes, _) in level_codecs(rows) {
+            let avx2 = avx2::takes(&format);
+            if !available() && !avx2 {
+                continue;
+            }
+            checked += 1;
+            let name = format!("{kernels}: {name}");
             let w = format.width;
             for heads in [1, 4, 9] {
                 let prepared: Vec<Vec<f32>> = (0..heads)
@@ -3243,7 +3282,8 @@ mod tests {
                 let refs: Vec<&[f32]> = prepared.iter().map(Vec::as_slice).collect();
                 let mut scores = vec![vec![f32::NAN; rows + 3]; heads];
                 let mut outs: Vec<&mut [f32]> = scores.iter_mut().map(|s| &mut s[..rows]).collect();
-                score_group(
+                let score = if avx2 { avx2::score_group } else { score_group };
+                score(
                     &format,
                     &refs,
                     &bytes,
@@ -3291,19 +3331,29 @@ mod tests {
                 }
             }
         }
+        assert!(checked > 0, "{kernels}: no format checked");
     }
 
     /// Sums: equal to the integer algorithm written plainly, and within
     /// `step/2·Σ_t |level_t − center|` per tile of the exact sum.
     #[test]
     fn integer_sums_match_the_plain_algorithm_and_the_rounding_bound() {
-        if !available() {
-            eprintln!("no AVX-512 VNNI/VBMI here: the integer kernels are not used");
-            return;
+        for (kernels, isa) in integer_kernel_limits() {
+            with_isa_limit(isa, || integer_sums_match(kernels));
         }
+    }
+
+    fn integer_sums_match(kernels: &str) {
         let mut rng = ChaCha8Rng::seed_from_u64(4);
         let rows = 75;
+        let mut checked = 0;
         for (name, codec, format, bytes, _) in level_codecs(rows) {
+            let avx2 = avx2::takes(&format);
+            if !available() && !avx2 {
+                continue;
+            }
+            checked += 1;
+            let name = format!("{kernels}: {name}");
             let w = format.width;
             for heads in [1, 4, 6] {
                 let weights: Vec<Vec<f32>> = (0..heads)
@@ -3316,7 +3366,12 @@ mod tests {
                 let refs: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
                 let mut accs = vec![vec![0.25f32; codec.accumulator_len()]; heads];
                 let mut outs: Vec<&mut [f32]> = accs.iter_mut().map(Vec::as_mut_slice).collect();
-                accumulate_group(
+                let accumulate = if avx2 {
+                    avx2::accumulate_group
+                } else {
+                    accumulate_group
+                };
+                accumulate(
                     &format,
                     &refs,
                     &bytes,
@@ -3382,5 +3437,6 @@ mod tests {
                 }
             }
         }
+        assert!(checked > 0, "{kernels}: no format checked");
     }
 }

@@ -7,38 +7,74 @@
 //! ([`dot_codes`], [`axpy_codes`]) or through a table of up to 16 levels ([`dot_lut`],
 //! [`axpy_lut`]). The crate-internal `avx2` helpers (code unpacking, table lookup, horizontal sum) serve the
 //! codecs' own block kernels. [`force_scalar`] runs a closure on the scalar paths, so tests can
-//! compare both.
+//! compare both; [`with_isa_limit`] and [`set_isa_limit`] stop the kernels at AVX2 likewise.
 
 use crate::fp8::Fp8Format;
 use half::{bf16, f16};
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// The widest vector instructions the kernels may use (never more than the CPU has), in
+/// increasing order: [`set_isa_limit`] lowers it for the process (benchmarks of the paths other
+/// CPUs take), [`with_isa_limit`] for one closure on one thread (tests of every path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// The scalar fallbacks only.
+    Scalar = 0,
+    /// AVX2, FMA and F16C: the float kernels' 256-bit forms and the AVX2 integer kernels.
+    Avx2 = 1,
+    /// Everything the CPU has, AVX-512 included.
+    Avx512 = 2,
+}
+
+static PROCESS_LIMIT: AtomicU8 = AtomicU8::new(Isa::Avx512 as u8);
 
 thread_local! {
-    static SCALAR_ONLY: Cell<bool> = const { Cell::new(false) };
+    static THREAD_LIMIT: Cell<Isa> = const { Cell::new(Isa::Avx512) };
+}
+
+/// Limits the kernels of every thread to `isa` from now on.
+pub fn set_isa_limit(isa: Isa) {
+    PROCESS_LIMIT.store(isa as u8, Ordering::Relaxed);
+}
+
+/// Runs `f` with the kernels of the calling thread limited to `isa` (and to the process's
+/// limit), then restores the thread's previous limit.
+pub fn with_isa_limit<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
+    let before = THREAD_LIMIT.with(|s| s.replace(isa));
+    let result = f();
+    THREAD_LIMIT.with(|s| s.set(before));
+    result
+}
+
+/// The limit in effect on this thread: the lower of the process's and the thread's.
+fn isa_limit() -> Isa {
+    let process = match PROCESS_LIMIT.load(Ordering::Relaxed) {
+        0 => Isa::Scalar,
+        1 => Isa::Avx2,
+        _ => Isa::Avx512,
+    };
+    process.min(THREAD_LIMIT.with(Cell::get))
 }
 
 /// Runs `f` with every vector kernel of this crate disabled on the calling thread (the scalar
 /// fallbacks run instead), then restores the previous setting.
 pub fn force_scalar<R>(f: impl FnOnce() -> R) -> R {
-    let before = SCALAR_ONLY.with(|s| s.replace(true));
-    let result = f();
-    SCALAR_ONLY.with(|s| s.set(before));
-    result
+    with_isa_limit(Isa::Scalar, f)
 }
 
-/// Whether the AVX2/FMA/F16C kernels may run: the CPU has them and [`force_scalar`] is not in
-/// effect on this thread.
+/// Whether the AVX2/FMA/F16C kernels may run: the CPU has them and the ISA limit allows them.
 #[inline]
 pub fn use_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
-        return !SCALAR_ONLY.with(Cell::get);
+        return isa_limit() >= Isa::Avx2;
     }
     false
 }
 
-/// Whether the AVX-512 versions of the group kernels may run (AVX-512F/DQ/VL present, and
-/// [`use_avx2`]; VL lets 256-bit code use all 32 vector registers).
+/// Whether the AVX-512 versions of the group kernels may run (AVX-512F/DQ/VL present, the
+/// ISA limit allows them, and [`use_avx2`]; VL lets 256-bit code use all 32 vector registers).
 #[inline]
 pub fn use_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -46,6 +82,7 @@ pub fn use_avx512() -> bool {
         use std::sync::OnceLock;
         static HAS: OnceLock<bool> = OnceLock::new();
         use_avx2()
+            && isa_limit() >= Isa::Avx512
             && *HAS.get_or_init(|| {
                 std::is_x86_feature_detected!("avx512f")
                     && std::is_x86_feature_detected!("avx512dq")

@@ -1,6 +1,7 @@
 //! The default group kernels. Codecs that describe their levels ([`Codec::level_format`],
 //! [`Codec::level_segments`], and for scores [`Codec::channel_blocks`]) go to the integer
-//! kernels of [`crate::levels`] where the CPU has them; codecs whose rows the float kernels
+//! kernels of [`crate::levels`] where the CPU has them (AVX-512, or AVX2 for 4-bit codes
+//! without a table); codecs whose rows the float kernels
 //! read ([`Codec::row_format`]) go to those. Otherwise a run of blocks is decoded,
 //! a few rows at a time, into a small f32 tile in the codec's working space
 //! ([`Codec::decode_working`]), and the tile is scored and accumulated for every query head of
@@ -59,6 +60,12 @@ fn with_integer_runs<C: Codec + ?Sized, R>(
     (!runs.is_empty()).then(|| f(runs))
 }
 
+/// The codec's level format where the AVX2 integer kernels take it (the AVX-512 ones do not
+/// run).
+fn avx2_format<C: Codec + ?Sized>(codec: &C) -> Option<crate::levels::LevelFormat> {
+    codec.level_format().filter(crate::levels::avx2::takes)
+}
+
 /// [`Codec::score_group`] through decoded tiles.
 pub fn score_group<C: Codec + ?Sized>(
     codec: &C,
@@ -72,6 +79,9 @@ pub fn score_group<C: Codec + ?Sized>(
     });
     if integer.is_some() {
         return;
+    }
+    if let Some(format) = avx2_format(codec) {
+        return crate::levels::avx2::score_group(&format, queries, blocks, scores, ahead);
     }
     if let Some(layout) = codec
         .channel_blocks()
@@ -116,6 +126,9 @@ pub fn accumulate_group<C: Codec + ?Sized>(
     });
     if integer.is_some() {
         return;
+    }
+    if let Some(format) = avx2_format(codec) {
+        return crate::levels::avx2::accumulate_group(&format, weights, blocks, accs, ahead);
     }
     if let Some(format) = codec.row_format() {
         let mut accs: Vec<&mut [f32]> = accs

@@ -337,9 +337,17 @@ fn every_listed_scheme_builds_at_head_dim_128_and_256() {
     assert_eq!(built, 4 * scheme_names().len());
 }
 
-/// `score_group` / `accumulate_group` equal the one-head kernels for every scheme.
+/// `score_group` / `accumulate_group` equal the one-head kernels for every scheme, on every
+/// kernel family the CPU has (the AVX-512 and AVX2 integer kernels, the float ones).
 #[test]
 fn group_kernels_equal_one_head_at_a_time() {
+    use kvq_codec::simd::{with_isa_limit, Isa};
+    for isa in [Isa::Avx512, Isa::Avx2] {
+        with_isa_limit(isa, group_kernels_equal_one_head);
+    }
+}
+
+fn group_kernels_equal_one_head() {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(77);
     for name in kvq_codec::scheme_names() {
@@ -408,6 +416,9 @@ fn group_kernels_equal_one_head_at_a_time() {
                     .filter(|f| f.supported())
                     .map(|format| kvq_codec::levels::LevelSegment { first: 0, format });
                 let runs = match &single {
+                    Some(run) if kvq_codec::levels::avx2::takes(&run.format) => {
+                        std::slice::from_ref(run)
+                    }
                     _ if !available => &[],
                     Some(run) => std::slice::from_ref(run),
                     None => codec.level_segments(),
