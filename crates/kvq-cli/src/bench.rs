@@ -10,6 +10,7 @@ use crate::args::{CacheArgs, ModelArgs};
 use anyhow::{bail, Result};
 use kvq_attn::{attend, AttnParams};
 use kvq_cache::{CacheOptions, KvCache, LayerShape, Policy};
+use kvq_codec::simd::Isa;
 use kvq_codec::{Calibration, KvSpec};
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
@@ -58,6 +59,10 @@ struct AttentionArgs {
     /// Time the compressed caches with the f32 kernels instead of the 8-bit integer ones
     #[arg(long)]
     f32_attention: bool,
+    /// Vector instructions the CPU kernels may use, for every cache of the run: `native` (all
+    /// the CPU has), `avx2` (the kernels of a CPU without AVX-512), `scalar`
+    #[arg(long, default_value = "native", value_parser = ["native", "avx2", "scalar"])]
+    isa: String,
     /// Where to run: `cpu`, or `cuda` (kvq-gpu kernels; see gpu.rs)
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -214,6 +219,11 @@ fn attention(a: AttentionArgs) -> Result<()> {
         window: None,
     };
     kvq_codec::levels::set_enabled(!a.f32_attention);
+    kvq_codec::simd::set_isa_limit(match a.isa.as_str() {
+        "avx2" => Isa::Avx2,
+        "scalar" => Isa::Scalar,
+        _ => Isa::Avx512,
+    });
     let page_tokens = |spec: KvSpec| {
         a.page_tokens
             .unwrap_or_else(|| crate::args::default_page_tokens(&[spec.k, spec.v]))
@@ -250,6 +260,13 @@ fn attention(a: AttentionArgs) -> Result<()> {
             .collect())
     };
     let fastest = |t: &[f64]| t.iter().copied().fold(f64::INFINITY, f64::min);
+    let kernels = if kvq_codec::levels::available() {
+        "int8"
+    } else if kvq_codec::levels::avx2::available() {
+        "int8 (AVX2: 4-bit codes without a table), else f32"
+    } else {
+        "f32"
+    };
     let mut rows = Vec::new();
     for &ctx in &a.ctx {
         let timed = time(ctx)?;
@@ -267,7 +284,7 @@ fn attention(a: AttentionArgs) -> Result<()> {
                 "bytes_read": bytes, "gb_per_s": bytes as f64 / s / 1e9,
                 "baseline_bytes_read": base_bytes, "baseline_gb_per_s": base_bytes as f64 / base_s / 1e9,
                 "copy_gb_per_s": copy / 1e9, "threads": rayon::current_num_threads(),
-                "kernels": if kvq_codec::levels::available() { "int8" } else { "f32" },
+                "kernels": kernels, "isa": a.isa,
                 "page_tokens": page_tokens(spec),
             }));
         }

@@ -43,46 +43,103 @@ pub fn takes(format: &LevelFormat) -> bool {
     available() && nibbles && format.table.is_none() && format.supported()
 }
 
-/// A thread's scratch: a tile's maps, and the sums kernel's integer sums.
+/// Where a format keeps what the kernels read, worked out once per thread and format.
+struct Plan {
+    format: LevelFormat,
+    /// Byte offset within a row of each group's 16 code bytes.
+    groups_at: Vec<usize>,
+    /// Byte offset within a row of each map word.
+    words_at: Vec<usize>,
+    /// The sums kernel's slot of each channel: slot `32g + 8s + i` of a head holds i16
+    /// element `k = 2i + s mod 2` of its group's vector `s / 2`, stream position `2k + s / 2`.
+    slot_of: Vec<i32>,
+}
+
+impl Plan {
+    fn new(format: &LevelFormat) -> Self {
+        let mut slot_of = vec![0i32; format.width];
+        for slot in 0..format.width {
+            let (g, s, i) = (slot / GROUP, slot % GROUP / 8, slot % 8);
+            let position = 2 * (2 * i + s % 2) + s / 2;
+            slot_of[format.stream_channel(GROUP * g + position)] = slot as i32;
+        }
+        Self {
+            format: *format,
+            groups_at: (0..format.width / GROUP)
+                .map(|g| format.stream_byte(16 * g))
+                .collect(),
+            words_at: (0..format.map_words())
+                .map(|k| format.map_word_at(k))
+                .collect(),
+            slot_of,
+        }
+    }
+}
+
+/// Plans a thread keeps (keys and values usually differ).
+const PLANS: usize = 4;
+
+/// A thread's scratch: its plans, a tile's maps, and the sums kernel's integer sums.
 #[derive(Default)]
 struct Scratch {
+    plans: Vec<Plan>,
     /// Map word `k` of row `r` (f16 scales, then minimums) at `r·MAP_WORDS + k`.
     words: Vec<u16>,
     /// The same as f32; 0 for rows past the tile's end.
     maps: Vec<f32>,
     /// The sums kernel's integer sums, `width` slots per head.
     sums: Vec<i32>,
+    /// The score kernel's queries, [`HEADS`] per entry.
+    #[cfg(target_arch = "x86_64")]
+    queries: Vec<kernels::Queries>,
 }
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-/// Byte offsets within a row of each group's 16 code bytes.
-fn group_bytes(format: &LevelFormat) -> Vec<usize> {
-    (0..format.width / GROUP)
-        .map(|g| format.stream_byte(16 * g))
-        .collect()
+/// A tile of rows as the kernels take it.
+#[cfg(target_arch = "x86_64")]
+struct Tile<'a> {
+    /// Index of the first row in the call.
+    first: usize,
+    rows: &'a [u8],
+    /// Map word `k` of row `r` as f32 at `r·MAP_WORDS + k`.
+    maps: &'a [f32],
 }
 
-/// Calls `f(first_row, rows, maps, sums)` for consecutive tiles of `blocks` after decoding
-/// their maps (`maps[r·MAP_WORDS + k]` = map word `k` of row `r`), with the scratch's sums.
+/// Calls `f(plan, queries, sums)` once, then `tile(…, tile)` for consecutive tiles of `blocks`
+/// after decoding their maps.
 #[cfg(target_arch = "x86_64")]
-fn for_each_tile(
+fn for_each_tile<S>(
     format: &LevelFormat,
     blocks: &[u8],
     ahead: &mut Ahead,
-    mut f: impl FnMut(usize, &[u8], &[f32], &mut [i32]),
+    setup: impl FnOnce(&Plan, &mut Vec<kernels::Queries>) -> S,
+    mut tile: impl FnMut(&mut S, &Plan, &[kernels::Queries], &mut [i32], Tile),
 ) {
     assert!(takes(format) && blocks.len().is_multiple_of(format.row_bytes));
-    let words_at: Vec<usize> = (0..format.map_words())
-        .map(|k| format.map_word_at(k))
-        .collect();
     SCRATCH.with(|scratch| {
-        let Scratch { words, maps, sums } = &mut *scratch.borrow_mut();
+        let Scratch {
+            plans,
+            words,
+            maps,
+            sums,
+            queries,
+        } = &mut *scratch.borrow_mut();
+        let known = plans.iter().position(|p| p.format == *format);
+        let plan = known.unwrap_or_else(|| {
+            if plans.len() == PLANS {
+                plans.remove(0);
+            }
+            plans.push(Plan::new(format));
+            plans.len() - 1
+        });
+        let plan = &plans[plan];
         words.resize(TILE_ROWS * MAP_WORDS, 0);
         maps.resize(TILE_ROWS * MAP_WORDS, 0.0);
         sums.resize(HEADS * format.width, 0);
+        let mut state = setup(plan, queries);
         for (i, rows) in blocks.chunks(TILE_ROWS * format.row_bytes).enumerate() {
             let n = rows.len() / format.row_bytes;
             ahead.rows(n);
@@ -90,14 +147,15 @@ fn for_each_tile(
                 .chunks_exact(format.row_bytes)
                 .zip(words.chunks_exact_mut(MAP_WORDS))
             {
-                for (w, &at) in words.iter_mut().zip(&words_at) {
+                for (w, &at) in words.iter_mut().zip(&plan.words_at) {
                     *w = u16::from_le_bytes([row[at], row[at + 1]]);
                 }
             }
             words[n * MAP_WORDS..].fill(0);
             // SAFETY: `takes` checked the CPU; both hold whole tiles.
             unsafe { kernels::decode_maps(words, maps) };
-            f(i * TILE_ROWS, rows, maps, sums);
+            let first = i * TILE_ROWS;
+            tile(&mut state, plan, queries, sums, Tile { first, rows, maps });
         }
     });
 }
@@ -116,30 +174,36 @@ pub fn score_group(
     assert!(queries.len() == scores.len() && scores.iter().all(|s| s.len() >= rows));
     let slots = super::query_slots(format.width);
     assert!(queries.iter().all(|q| q.len() >= format.width + slots));
-    let halves = group_bytes(format);
     #[cfg(target_arch = "x86_64")]
-    {
-        assert!(takes(format));
-        // SAFETY: `takes` checked the CPU; the queries hold their slots.
-        let prepared: Vec<kernels::Queries> = queries
-            .chunks(HEADS)
-            .map(|chunk| unsafe { kernels::Queries::new(format, chunk, slots) })
-            .collect();
-        // Where the scores of absent heads go.
-        let mut sink = [0f32; TILE_ROWS];
-        for_each_tile(format, blocks, ahead, |first, rows, maps, _| {
-            let n = rows.len() / format.row_bytes;
+    for_each_tile(
+        format,
+        blocks,
+        ahead,
+        |_, prepared| {
+            prepared.clear();
+            // SAFETY: `takes` (asserted by `for_each_tile`) checked the CPU; the queries hold
+            // their slots.
+            prepared.extend(
+                queries
+                    .chunks(HEADS)
+                    .map(|chunk| unsafe { kernels::Queries::new(format, chunk, slots) }),
+            );
+            // Where the scores of absent heads go.
+            [0f32; TILE_ROWS]
+        },
+        |sink, plan, prepared, _, tile| {
+            let n = tile.rows.len() / format.row_bytes;
             for (c, q) in prepared.iter().enumerate() {
                 let mut out = [sink.as_mut_ptr(); HEADS];
                 for (o, s) in out.iter_mut().zip(&mut scores[c * HEADS..]) {
-                    *o = s[first..first + n].as_mut_ptr();
+                    *o = s[tile.first..tile.first + n].as_mut_ptr();
                 }
                 // SAFETY: as above; every row holds its codes (`supported`), and each of `out`
                 // takes `n` values.
-                unsafe { kernels::score_rows(format, &halves, q, rows, maps, out) };
+                unsafe { kernels::score_rows(plan, q, &tile, out) };
             }
-        });
-    }
+        },
+    );
 }
 
 /// [`crate::Codec::accumulate_group`] with these kernels; prefetches `ahead` as it goes.
@@ -153,42 +217,29 @@ pub fn accumulate_group(
     let rows = blocks.len() / format.row_bytes;
     assert!(weights.len() == accs.len() && weights.iter().all(|w| w.len() >= rows));
     assert!(accs.iter().all(|a| a.len() >= format.width));
-    let halves = group_bytes(format);
-    // The kernel's slot of each channel: slot `32g + 8s + i` of a head holds i16 element
-    // `k = 2i + s mod 2` of its group's vector `s / 2`, stream position `2k + s / 2`.
-    let mut slot_of = vec![0i32; format.width];
-    for slot in 0..format.width {
-        let (g, s, i) = (slot / GROUP, slot % GROUP / 8, slot % 8);
-        let position = 2 * (2 * i + s % 2) + s / 2;
-        slot_of[format.stream_channel(GROUP * g + position)] = slot as i32;
-    }
     #[cfg(target_arch = "x86_64")]
-    for_each_tile(format, blocks, ahead, |first, rows, maps, sums| {
-        let n = rows.len() / format.row_bytes;
-        for (w, a) in weights.chunks(HEADS).zip(accs.chunks_mut(HEADS)) {
-            let w: [&[f32]; HEADS] =
-                std::array::from_fn(|h| w.get(h).map_or(&[][..], |w| &w[first..first + n]));
-            // SAFETY: `takes` (asserted by `for_each_tile`) checked the CPU; every row holds
-            // its codes (`supported`), and `slot_of` is a permutation of the width.
-            unsafe {
-                kernels::accumulate_rows(
-                    format,
-                    &halves,
-                    &slot_of,
-                    &w[..a.len()],
-                    rows,
-                    maps,
-                    sums,
-                    a,
-                )
-            };
-        }
-    });
+    for_each_tile(
+        format,
+        blocks,
+        ahead,
+        |_, _| (),
+        |_, plan, _, sums, tile| {
+            let n = tile.rows.len() / format.row_bytes;
+            for (w, a) in weights.chunks(HEADS).zip(accs.chunks_mut(HEADS)) {
+                let w: [&[f32]; HEADS] = std::array::from_fn(|h| {
+                    w.get(h).map_or(&[][..], |w| &w[tile.first..tile.first + n])
+                });
+                // SAFETY: `takes` (asserted by `for_each_tile`) checked the CPU; every row
+                // holds its codes (`supported`).
+                unsafe { kernels::accumulate_rows(plan, &w[..a.len()], &tile, sums, a) };
+            }
+        },
+    );
 }
 
 #[cfg(target_arch = "x86_64")]
 mod kernels {
-    use super::{GROUP, HEADS, QUERY_MAP, TILE_ROWS};
+    use super::{Plan, Tile, GROUP, HEADS, QUERY_MAP, TILE_ROWS};
     use crate::levels::{LevelFormat, MAP_WORDS};
     use std::arch::x86_64::*;
 
@@ -280,19 +331,26 @@ mod kernels {
         ]
     }
 
-    /// Four heads' integer dots of a row's pair of groups: lane `h` of each 128-bit half
-    /// holds head `h`'s dot with that half's group.
+    /// Four heads' integer dots of a row's pair of groups, each head's in 8 lanes: lanes 0–3
+    /// sum to its dot with the first group, lanes 4–7 to the second's.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pair_dots(codes: [__m256i; 2], q: &[[__m256i; 2]; HEADS]) -> __m256i {
+    unsafe fn pair_dots(codes: [__m256i; 2], q: &[[__m256i; 2]; HEADS]) -> [__m256i; HEADS] {
         let ones = _mm256_set1_epi16(1);
-        let d: [__m256i; HEADS] = std::array::from_fn(|h| {
+        std::array::from_fn(|h| {
             let products = _mm256_add_epi16(
                 _mm256_maddubs_epi16(codes[0], q[h][0]),
                 _mm256_maddubs_epi16(codes[1], q[h][1]),
             );
             _mm256_madd_epi16(products, ones)
-        });
+        })
+    }
+
+    /// Four heads' lanes summed per 128-bit half: lane `h` of each half holds head `h`'s sum
+    /// over that half.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn per_head(d: [__m256i; HEADS]) -> __m256i {
         _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]))
     }
 
@@ -306,36 +364,29 @@ mod kernels {
         *out[3].add(t) = f32::from_bits(_mm_extract_ps::<3>(v) as u32);
     }
 
-    /// Scores of up to four heads for each of `rows` into `out[h][t]`, the rows' map words
-    /// in `maps`.
+    /// Scores of up to four heads for each of a tile's rows into `out[h][t]`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn score_rows(
-        format: &LevelFormat,
-        halves: &[usize],
-        q: &Queries,
-        rows: &[u8],
-        maps: &[f32],
-        out: [*mut f32; HEADS],
-    ) {
+    pub unsafe fn score_rows(plan: &Plan, q: &Queries, tile: &Tile, out: [*mut f32; HEADS]) {
+        let format = &plan.format;
         let one_map = format.maps.channels >= format.width;
         match (one_map, format.maps.min_at.is_some()) {
-            (true, true) => score_rows_as::<true, true>(format, halves, q, rows, maps, out),
-            (true, false) => score_rows_as::<true, false>(format, halves, q, rows, maps, out),
-            (false, true) => score_rows_as::<false, true>(format, halves, q, rows, maps, out),
-            (false, false) => score_rows_as::<false, false>(format, halves, q, rows, maps, out),
+            (true, true) => score_rows_as::<true, true>(plan, q, tile, out),
+            (true, false) => score_rows_as::<true, false>(plan, q, tile, out),
+            (false, true) => score_rows_as::<false, true>(plan, q, tile, out),
+            (false, false) => score_rows_as::<false, false>(plan, q, tile, out),
         }
     }
 
     /// [`score_rows`] for rows with one map or several (`ONE_MAP`), with minimums or without.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn score_rows_as<const ONE_MAP: bool, const MIN: bool>(
-        format: &LevelFormat,
-        halves: &[usize],
+        plan: &Plan,
         q: &Queries,
-        rows: &[u8],
-        maps: &[f32],
+        tile: &Tile,
         out: [*mut f32; HEADS],
     ) {
+        let (format, halves, rows, maps) =
+            (&plan.format, &plan.groups_at[..], tile.rows, tile.maps);
         let pairs = format.width / (2 * GROUP);
         let (per_map, count) = (format.maps.channels / GROUP, format.maps() as i32);
         let center = format.center();
@@ -349,11 +400,12 @@ mod kernels {
             let row = rows.as_ptr().add(t * format.row_bytes);
             let words = maps.as_ptr().add(t * MAP_WORDS);
             let score = if ONE_MAP {
-                let mut dots = _mm256_setzero_si256();
+                let mut sums = [_mm256_setzero_si256(); HEADS];
                 for p in 0..pairs {
-                    dots =
-                        _mm256_add_epi32(dots, pair_dots(pair_codes(row, halves, p), &q.codes[p]));
+                    let d = pair_dots(pair_codes(row, halves, p), &q.codes[p]);
+                    sums = std::array::from_fn(|h| _mm256_add_epi32(sums[h], d[h]));
                 }
+                let dots = per_head(sums);
                 let dots = _mm_add_epi32(
                     _mm256_castsi256_si128(dots),
                     _mm256_extracti128_si256::<1>(dots),
@@ -371,8 +423,8 @@ mod kernels {
                 let words = _mm256_loadu_ps(words);
                 let mut score = _mm256_setzero_ps();
                 for p in 0..pairs {
-                    let dots =
-                        _mm256_cvtepi32_ps(pair_dots(pair_codes(row, halves, p), &q.codes[p]));
+                    let d = pair_dots(pair_codes(row, halves, p), &q.codes[p]);
+                    let dots = _mm256_cvtepi32_ps(per_head(d));
                     let [sigma, centered, sums] = q.terms[p];
                     let scale = _mm256_permutevar8x32_ps(words, scale_at[p]);
                     score = _mm256_fmadd_ps(scale, _mm256_fmsub_ps(sigma, dots, centered), score);
@@ -400,41 +452,44 @@ mod kernels {
         _mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32::<1>(x)))
     }
 
-    /// Adds up to four heads' weighted sums of `rows` (one tile, its map words in `maps`) to
-    /// `accs`: per map the weights times the rows' scales rounded to i8 against their largest
+    /// Adds up to four heads' weighted sums of a tile's rows to `accs`: per map the weights times the rows' scales rounded to i8 against their largest
     /// magnitude, the products summed in integers into `sums` (`width` slots per head), each
     /// head's slot `slot_of[c]` holding channel `c`.
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn accumulate_rows(
-        format: &LevelFormat,
-        halves: &[usize],
-        slot_of: &[i32],
+        plan: &Plan,
         weights: &[&[f32]],
-        rows: &[u8],
-        maps: &[f32],
+        tile: &Tile,
         sums: &mut [i32],
         accs: &mut [&mut [f32]],
     ) {
+        let (format, halves, slot_of) = (&plan.format, &plan.groups_at[..], &plan.slot_of[..]);
+        let (rows, maps) = (tile.rows, tile.maps);
         let n = rows.len() / format.row_bytes;
         let (w, heads) = (format.width, weights.len());
         let (count, per_map) = (format.maps(), format.maps.channels / GROUP);
         let center = format.center();
-        // Rounded weights per head and map, rows padded to a whole vector with zeros.
+        // Rounded weights per head and map, for whole stores of 32 rows.
         let mut rounded = [[[0i8; TILE_ROWS]; MAP_WORDS]; HEADS];
+        let vectors = n.div_ceil(32) * 4;
         // Per head and map: the weights' step, and `Σ w·offset − step·center·Σ rounded`.
         let mut steps = [[0f32; MAP_WORDS]; HEADS];
         let mut constants = [[0f32; MAP_WORDS]; HEADS];
+        // Per head the weights, rows past the tile's end 0, and the same in units of 1/127 of
+        // the largest (absent heads 0).
         let mut padded = [[0f32; TILE_ROWS]; HEADS];
-        let mut to_levels = [0f32; HEADS];
+        let mut levels = [[_mm256_setzero_ps(); TILE_ROWS / 8]; HEADS];
         for (h, wh) in weights.iter().enumerate() {
             padded[h][..n].copy_from_slice(wh);
             let largest_w = wh.iter().fold(0f32, |l, x| l.max(x.abs()));
-            to_levels[h] = if largest_w > 0.0 {
+            let to_levels = _mm256_set1_ps(if largest_w > 0.0 {
                 127.0 / largest_w
             } else {
                 0.0
-            };
+            });
+            for (i, l) in levels[h].iter_mut().enumerate().take(vectors) {
+                *l = _mm256_mul_ps(_mm256_loadu_ps(padded[h].as_ptr().add(8 * i)), to_levels);
+            }
             steps[h] = [largest_w / 127.0; MAP_WORDS];
         }
         // Row `t + i` of map word `k` at `(t + i)·MAP_WORDS + k`.
@@ -446,21 +501,23 @@ mod kernels {
             _mm256_i32gather_ps::<4>(maps.as_ptr().add(t * MAP_WORDS + k), rows_of)
         };
         let abs = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
+        // The dwords of two `vpackssdw` + `vpacksswb` results back in row order.
+        let row_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         for m in 0..count {
-            let mut scales = [_mm256_setzero_ps(); TILE_ROWS / 8];
-            let mut offsets = scales;
+            // Each row's scale relative to the tile's largest, and its center's value.
+            let mut relative = [_mm256_setzero_ps(); TILE_ROWS / 8];
+            let mut offsets = relative;
             let mut largest = _mm256_setzero_ps();
-            for (i, (s, o)) in scales
+            for (i, (s, o)) in relative
                 .iter_mut()
                 .zip(&mut offsets)
                 .enumerate()
-                .take(n.div_ceil(8))
+                .take(vectors)
             {
                 *s = word(m, 8 * i);
-                *o = match format.maps.min_at {
-                    Some(_) => _mm256_fmadd_ps(*s, _mm256_set1_ps(center), word(count + m, 8 * i)),
-                    None => _mm256_setzero_ps(),
-                };
+                if format.maps.min_at.is_some() {
+                    *o = _mm256_fmadd_ps(*s, _mm256_set1_ps(center), word(count + m, 8 * i));
+                }
                 largest = _mm256_max_ps(largest, _mm256_and_ps(*s, abs));
             }
             let largest_a = {
@@ -476,31 +533,46 @@ mod kernels {
             } else {
                 0.0
             });
-            for h in 0..heads {
+            for s in relative.iter_mut().take(vectors) {
+                *s = _mm256_mul_ps(*s, inv_a);
+            }
+            for h in 0..HEADS {
                 let (mut codes, mut offset) = (_mm256_setzero_si256(), _mm256_setzero_ps());
-                let to_levels = _mm256_set1_ps(to_levels[h]);
-                for (i, (&s, &o)) in scales.iter().zip(&offsets).enumerate().take(n.div_ceil(8)) {
-                    let x = _mm256_loadu_ps(padded[h].as_ptr().add(8 * i));
-                    let relative = _mm256_mul_ps(s, inv_a);
-                    let code =
-                        _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(x, to_levels), relative));
-                    codes = _mm256_add_epi32(codes, code);
-                    offset = _mm256_fmadd_ps(x, o, offset);
-                    // The 8 codes as bytes (|code| ≤ 127: no saturation).
-                    let words = _mm256_packs_epi32(code, code);
-                    let bytes = _mm256_packs_epi16(words, words);
-                    let eight = _mm_unpacklo_epi32(
-                        _mm256_castsi256_si128(bytes),
-                        _mm256_extracti128_si256::<1>(bytes),
+                for i in (0..vectors).step_by(4) {
+                    let c: [__m256i; 4] = std::array::from_fn(|k| {
+                        _mm256_cvtps_epi32(_mm256_mul_ps(levels[h][i + k], relative[i + k]))
+                    });
+                    codes = _mm256_add_epi32(
+                        codes,
+                        _mm256_add_epi32(
+                            _mm256_add_epi32(c[0], c[1]),
+                            _mm256_add_epi32(c[2], c[3]),
+                        ),
                     );
-                    _mm_storel_epi64(rounded[h][m].as_mut_ptr().add(8 * i) as *mut _, eight);
+                    // |code| ≤ 127: the packs do not saturate.
+                    let bytes = _mm256_packs_epi16(
+                        _mm256_packs_epi32(c[0], c[1]),
+                        _mm256_packs_epi32(c[2], c[3]),
+                    );
+                    let at = rounded[h][m].as_mut_ptr().add(8 * i);
+                    _mm256_storeu_si256(
+                        at as *mut _,
+                        _mm256_permutevar8x32_epi32(bytes, row_order),
+                    );
+                }
+                if format.maps.min_at.is_some() {
+                    for (i, &o) in offsets.iter().enumerate().take(vectors) {
+                        let x = _mm256_loadu_ps(padded[h].as_ptr().add(8 * i));
+                        offset = _mm256_fmadd_ps(x, o, offset);
+                    }
                 }
                 steps[h][m] *= largest_a;
                 let codes = horizontal_sum_epi32(codes) as f32;
                 constants[h][m] = crate::simd::avx2::hsum(offset) - steps[h][m] * center * codes;
             }
         }
-        sums[..heads * w].fill(0);
+        // Every head's lanes, absent heads' weights 0: no branch per head in the loop.
+        sums[..HEADS * w].fill(0);
         let mask = _mm256_set1_epi8(0x0f);
         // Bytes `i` and `8 + i` of each lane side by side: two rows' codes of one channel.
         let interleave = _mm256_setr_epi8(
@@ -524,19 +596,17 @@ mod kernels {
                         b as *const _,
                         a as *const _,
                     ));
-                    let low = _mm256_shuffle_epi8(_mm256_and_si256(v, mask), interleave);
-                    let high = _mm256_shuffle_epi8(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
-                        interleave,
-                    );
-                    for (h, acc) in acc.iter_mut().enumerate().take(heads) {
+                    let v = _mm256_shuffle_epi8(v, interleave);
+                    let low = _mm256_and_si256(v, mask);
+                    let high = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
+                    for (h, acc) in acc.iter_mut().enumerate() {
                         let pair = (rounded[h][m].as_ptr().add(t) as *const i16).read_unaligned();
                         let wv = _mm256_set1_epi16(pair);
                         acc[0] = _mm256_add_epi16(acc[0], _mm256_maddubs_epi16(low, wv));
                         acc[1] = _mm256_add_epi16(acc[1], _mm256_maddubs_epi16(high, wv));
                     }
                 }
-                for (h, acc) in acc.iter().enumerate().take(heads) {
+                for (h, acc) in acc.iter().enumerate() {
                     for (s, &x) in acc.iter().enumerate() {
                         let even = _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(x));
                         let odd = _mm256_srai_epi32::<16>(x);
