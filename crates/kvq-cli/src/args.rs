@@ -149,9 +149,14 @@ pub struct CacheArgs {
     #[arg(long, default_value_t = 0x6b7671)]
     pub rotation_seed: u64,
     /// Compute attention on 1–5-bit caches and Oaken with the f32 kernels instead of the 8-bit
-    /// integer (AVX-512 VNNI) ones, which round queries and softmax weights to 8 bits; slower
+    /// integer (AVX-512 VNNI, or AVX2 for 4-bit codes) ones, which round queries and softmax
+    /// weights to 8 bits; slower
     #[arg(long)]
     pub f32_attention: bool,
+    /// Vector instructions the CPU kernels may use: `native` (all the CPU has), `avx2` (the
+    /// kernels of a CPU without AVX-512), `scalar`
+    #[arg(long, value_enum, default_value_t = IsaArg::Native)]
+    pub isa: IsaArg,
     #[arg(skip)]
     files: OnceLock<CacheFiles>,
 }
@@ -218,9 +223,10 @@ impl CacheArgs {
     }
 
     /// Cache options; `max_append_tokens` is the longest prefill chunk the caller will append.
-    /// Also selects the attention kernels for the process (`--f32-attention`).
+    /// Also selects the attention kernels for the process (`--f32-attention`, `--isa`).
     pub fn options(&self, max_append_tokens: usize) -> Result<CacheOptions> {
         kvq_codec::levels::set_enabled(!self.f32_attention);
+        self.isa.apply();
         let kinds: Vec<SchemeKind> = match &self.files()?.policy {
             Some(p) => p.layers.iter().flat_map(|l| [l.k, l.v]).collect(),
             None => {
@@ -263,4 +269,35 @@ fn kivi_group(kinds: &[SchemeKind]) -> Option<usize> {
 /// Tokens per page when none are given: 64, or the key block of a KIVI -g128 scheme.
 pub fn default_page_tokens(kinds: &[SchemeKind]) -> usize {
     kivi_group(kinds).unwrap_or(0).max(64)
+}
+
+/// `--isa`: the widest vector instructions the CPU kernels may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum IsaArg {
+    /// All the CPU has.
+    Native,
+    /// AVX2/FMA/F16C, as on a CPU without AVX-512.
+    Avx2,
+    /// The scalar fallbacks.
+    Scalar,
+}
+
+impl IsaArg {
+    /// Limits the kernels of the whole process to this.
+    pub fn apply(self) {
+        kvq_codec::simd::set_isa_limit(match self {
+            IsaArg::Native => kvq_codec::simd::Isa::Avx512,
+            IsaArg::Avx2 => kvq_codec::simd::Isa::Avx2,
+            IsaArg::Scalar => kvq_codec::simd::Isa::Scalar,
+        });
+    }
+
+    /// The name `--isa` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            IsaArg::Native => "native",
+            IsaArg::Avx2 => "avx2",
+            IsaArg::Scalar => "scalar",
+        }
+    }
 }

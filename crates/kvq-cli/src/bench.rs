@@ -6,11 +6,10 @@
 //!   the context is filled with synthetic K/V rows (decode cost does not depend on their values)
 //!   so that long contexts need no long prefill.
 
-use crate::args::{CacheArgs, ModelArgs};
+use crate::args::{CacheArgs, IsaArg, ModelArgs};
 use anyhow::{bail, Result};
 use kvq_attn::{attend, AttnParams};
 use kvq_cache::{CacheOptions, KvCache, LayerShape, Policy};
-use kvq_codec::simd::Isa;
 use kvq_codec::{Calibration, KvSpec};
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
@@ -61,8 +60,8 @@ struct AttentionArgs {
     f32_attention: bool,
     /// Vector instructions the CPU kernels may use, for every cache of the run: `native` (all
     /// the CPU has), `avx2` (the kernels of a CPU without AVX-512), `scalar`
-    #[arg(long, default_value = "native", value_parser = ["native", "avx2", "scalar"])]
-    isa: String,
+    #[arg(long, value_enum, default_value_t = IsaArg::Native)]
+    isa: IsaArg,
     /// Where to run: `cpu`, or `cuda` (kvq-gpu kernels; see gpu.rs)
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -219,11 +218,7 @@ fn attention(a: AttentionArgs) -> Result<()> {
         window: None,
     };
     kvq_codec::levels::set_enabled(!a.f32_attention);
-    kvq_codec::simd::set_isa_limit(match a.isa.as_str() {
-        "avx2" => Isa::Avx2,
-        "scalar" => Isa::Scalar,
-        _ => Isa::Avx512,
-    });
+    a.isa.apply();
     let page_tokens = |spec: KvSpec| {
         a.page_tokens
             .unwrap_or_else(|| crate::args::default_page_tokens(&[spec.k, spec.v]))
@@ -284,7 +279,7 @@ fn attention(a: AttentionArgs) -> Result<()> {
                 "bytes_read": bytes, "gb_per_s": bytes as f64 / s / 1e9,
                 "baseline_bytes_read": base_bytes, "baseline_gb_per_s": base_bytes as f64 / base_s / 1e9,
                 "copy_gb_per_s": copy / 1e9, "threads": rayon::current_num_threads(),
-                "kernels": kernels, "isa": a.isa,
+                "kernels": kernels, "isa": a.isa.name(),
                 "page_tokens": page_tokens(spec),
             }));
         }
