@@ -13,7 +13,7 @@
 //!   `vpmaddubsw` + `vpmaddwd` sums are reduced together by `vphaddd` into one lane per head
 //!   and group.
 //! * Sums, a group of 32 channels at a time: two rows' bytes interleaved (a `vpermq` and a
-//!   `vpshufb` per nibble half), so that `vpmaddubsw` with the two rows' weights adds each
+//!   `vpshufb`, then the nibbles split), so that `vpmaddubsw` with the two rows' weights adds each
 //!   channel's pair of products into one 16-bit lane; 8 row pairs fit 16 bits
 //!   (`8·2·15·127 < 2¹⁵`) before the lanes widen to 32 bits.
 
