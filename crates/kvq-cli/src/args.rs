@@ -293,11 +293,9 @@ impl IsaArg {
     }
 
     /// The name `--isa` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            IsaArg::Native => "native",
-            IsaArg::Avx2 => "avx2",
-            IsaArg::Scalar => "scalar",
-        }
+    pub fn name(self) -> String {
+        use clap::ValueEnum;
+        self.to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_string())
     }
 }

@@ -50,9 +50,9 @@
 
 use crate::simd::Ahead;
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub mod avx2;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Rows per tile: the weights of a tile share one rounding step per head and map.
 pub const TILE_ROWS: usize = 64;
@@ -811,8 +811,21 @@ struct Scratch {
     block_queries: Vec<f32>,
 }
 
-/// Decoders a thread keeps.
-const DECODERS: usize = 4;
+/// Per-format states a thread keeps (keys and values usually differ): decoders here, the AVX2
+/// kernels' plans.
+const PER_FORMAT: usize = 4;
+
+/// The index in `cache` of the entry that `matches` picks, made by `make` first if there is
+/// none (the oldest of [`PER_FORMAT`] entries making room).
+fn cached<T>(cache: &mut Vec<T>, matches: impl Fn(&T) -> bool, make: impl FnOnce() -> T) -> usize {
+    cache.iter().position(matches).unwrap_or_else(|| {
+        if cache.len() == PER_FORMAT {
+            cache.remove(0);
+        }
+        cache.push(make());
+        cache.len() - 1
+    })
+}
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
@@ -839,15 +852,9 @@ fn with_scratch<R>(
             avx512::SUM_HEADS * (format.width / format.maps.channels) * TILE_ROWS,
             0,
         );
-        let known = decoders.iter().position(|d| d.format() == format);
-        let at = known.unwrap_or_else(|| {
-            if decoders.len() == DECODERS {
-                decoders.remove(0);
-            }
-            // SAFETY: `available` checked the CPU.
-            decoders.push(unsafe { avx512::Decoder::new(format) });
-            decoders.len() - 1
-        });
+        // SAFETY: `available` checked the CPU.
+        let make = || unsafe { avx512::Decoder::new(format) };
+        let at = cached(decoders, |d| d.format() == format, make);
         f(tile, &decoders[at], block_queries)
     })
 }

@@ -76,10 +76,8 @@ impl Plan {
     }
 }
 
-/// Plans a thread keeps (keys and values usually differ).
-const PLANS: usize = 4;
-
-/// A thread's scratch: its plans, a tile's maps, and the sums kernel's integer sums.
+/// A thread's scratch: its plans (up to [`super::PER_FORMAT`]), a tile's maps, the sums
+/// kernel's integer sums and the score kernel's queries.
 #[derive(Default)]
 struct Scratch {
     plans: Vec<Plan>,
@@ -108,8 +106,9 @@ struct Tile<'a> {
     maps: &'a [f32],
 }
 
-/// Calls `f(plan, queries, sums)` once, then `tile(…, tile)` for consecutive tiles of `blocks`
-/// after decoding their maps.
+/// Calls `setup(plan, queries)` once for the thread's plan of `format` and its query scratch,
+/// then `tile(state, plan, queries, sums, tile)` for consecutive tiles of `blocks` after decoding
+/// their maps (`state` what `setup` returned, `sums` the thread's integer sums).
 #[cfg(target_arch = "x86_64")]
 fn for_each_tile<S>(
     format: &LevelFormat,
@@ -127,15 +126,8 @@ fn for_each_tile<S>(
             sums,
             queries,
         } = &mut *scratch.borrow_mut();
-        let known = plans.iter().position(|p| p.format == *format);
-        let plan = known.unwrap_or_else(|| {
-            if plans.len() == PLANS {
-                plans.remove(0);
-            }
-            plans.push(Plan::new(format));
-            plans.len() - 1
-        });
-        let plan = &plans[plan];
+        let at = super::cached(plans, |p| p.format == *format, || Plan::new(format));
+        let plan = &plans[at];
         words.resize(TILE_ROWS * MAP_WORDS, 0);
         maps.resize(TILE_ROWS * MAP_WORDS, 0.0);
         sums.resize(HEADS * format.width, 0);
@@ -286,10 +278,11 @@ mod kernels {
                         let group = [map[0], format.center() * map[1], map[2]];
                         for (i, x) in group.into_iter().enumerate() {
                             terms[i][4 * k + h] = x;
-                            totals[i][h] += if i == 0 { 0.0 } else { x };
+                            totals[i][h] += x;
                         }
                     }
                 }
+                // One-map rows' queries have one σ for all groups: not a sum.
                 totals[0][h] = s[w / 4];
             }
             Self {
@@ -452,9 +445,10 @@ mod kernels {
         _mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32::<1>(x)))
     }
 
-    /// Adds up to four heads' weighted sums of a tile's rows to `accs`: per map the weights times the rows' scales rounded to i8 against their largest
-    /// magnitude, the products summed in integers into `sums` (`width` slots per head), each
-    /// head's slot `slot_of[c]` holding channel `c`.
+    /// Adds up to four heads' weighted sums of a tile's rows to `accs`: per map the weights
+    /// times the rows' scales rounded to i8 against their largest magnitude, the products
+    /// summed in integers into `sums` (`width` slots per head, the plan's `slot_of[c]` holding
+    /// channel `c`).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn accumulate_rows(
         plan: &Plan,
