@@ -1,7 +1,7 @@
 //! The default group kernels. Codecs that describe their levels ([`Codec::level_format`],
 //! [`Codec::level_segments`], and for scores [`Codec::channel_blocks`]) go to the integer
-//! kernels of [`crate::levels`] where the CPU has them (AVX-512, or AVX2 for 4-bit codes
-//! without a table); codecs whose rows the float kernels
+//! kernels of [`crate::levels`] where the CPU has them (AVX-512, or AVX2 for the row layout
+//! but 5-bit codes); codecs whose rows the float kernels
 //! read ([`Codec::row_format`]) go to those. Otherwise a run of blocks is decoded,
 //! a few rows at a time, into a small f32 tile in the codec's working space
 //! ([`Codec::decode_working`]), and the tile is scored and accumulated for every query head of

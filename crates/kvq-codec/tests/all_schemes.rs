@@ -38,7 +38,9 @@ fn relative_error_bound(name: &str) -> f32 {
         "oaken" => 0.5,
         _ if name.starts_with("int2") || name.starts_with("kivi2") || name == "turbo2" => 1.5,
         _ if name.starts_with("int3") || name == "turbo2.5" || name == "turbo3" => 0.6,
-        _ => 0.3, // 3.5–4-bit schemes: int4*, q4_0, q4_1, iq4_nl, kivi4, turbo3.5, turbo4
+        // Half its channels at 3 bits: 0.32 seen on a 64-channel row (proptest regression).
+        "turbo3.5" => 0.45,
+        _ => 0.3, // 4-bit schemes: int4*, q4_0, q4_1, iq4_nl, kivi4, turbo4
     }
 }
 

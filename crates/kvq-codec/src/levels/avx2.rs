@@ -1,21 +1,27 @@
 //! The integer group kernels for CPUs with AVX2 but without the AVX-512 kernels' instructions
-//! (AVX2-only x86, AVX-512 without VNNI/VBMI), for 4-bit codes without a table (`q4_0`, `q4_1`,
-//! `int4-g*`) in the row layout: `vpmaddubsw` multiplies 32 u8 codes by i8 values into 16-bit
-//! pair sums, where the float kernels decode and multiply 8 values per instruction.
+//! (AVX2-only x86, AVX-512 without VNNI/VBMI), for every level format the AVX-512 kernels take
+//! but 5-bit codes, in the row layout. Two paths:
+//!
+//! * **Nibbles** (4-bit codes without a table: `q4_0`, `q4_1`, `int4-g*`): `vpmaddubsw`
+//!   multiplies 32 u8 codes by i8 values into 16-bit pair sums.
+//! * **Levels** (1- to 3-bit codes, and 4-bit codes through a table: `int3-g*`, `int2-g*`,
+//!   `iq4_nl`, `turbo2`–`turbo4`): each row's codes are decoded to 16-bit levels less the
+//!   format's center (bit windows by `vpshufb`, shifted by a `vpmullw`, or a table looked up by
+//!   `vpshufb`), and `vpmaddwd` multiplies 16 of them at a time. A table's levels reach 255,
+//!   where `vpmaddubsw`'s 16-bit pair sums would saturate.
 //!
 //! They compute what the AVX-512 kernels compute, with the same roundings (the parent module's
 //! doc states them and their bounds): the prepared query's i8 copy ([`super::quantize_query`]),
 //! and per tile of [`TILE_ROWS`] rows, head and map the weights times the rows' scales rounded to
-//! i8 against their largest magnitude.
+//! i8 against their largest magnitude; the integer sums are exact.
 //!
-//! * Scores, a row at a time: each 64-channel pair of groups is one 32-byte load whose low and
-//!   high nibbles, interleaved by 32-bit words, fall in the query's byte order; four heads'
-//!   `vpmaddubsw` + `vpmaddwd` sums are reduced together by `vphaddd` into one lane per head
-//!   and group.
-//! * Sums, a group of 32 channels at a time: two rows' bytes interleaved (a `vpermq` and a
-//!   `vpshufb`, then the nibbles split), so that `vpmaddubsw` with the two rows' weights adds each
-//!   channel's pair of products into one 16-bit lane; 8 row pairs fit 16 bits
-//!   (`8·2·15·127 < 2¹⁵`) before the lanes widen to 32 bits.
+//! * Scores, a row at a time: a pair of groups at a time, one group per 128-bit lane, four
+//!   heads' sums reduced together by `vphaddd` into one lane per head and group. The nibbles of
+//!   a pair's 32 bytes meet query bytes put in their order once per call.
+//! * Sums, a group (nibbles) or 16 channels (levels) at a time: two rows interleaved, so that
+//!   one multiply-add with the two rows' weights adds each channel's pair of products in one
+//!   lane; 8 row pairs of nibbles fit 16 bits (`8·2·15·127 < 2¹⁵`) before the lanes widen to
+//!   32 bits, levels sum in 32 bits from the start.
 
 use super::{CodeLayout, LevelFormat, GROUP, MAP_WORDS, QUERY_MAP, TILE_ROWS};
 use crate::simd::Ahead;
@@ -33,45 +39,140 @@ pub fn available() -> bool {
         && !super::available()
 }
 
-/// Whether these kernels take `format` on this thread: [`available`], and 4-bit codes without
-/// a table in a format the AVX-512 kernels support.
+/// Whether these kernels take `format` on this thread: [`available`], and a format the AVX-512
+/// kernels support whose codes are not 5-bit, whose center is a whole level (128 for a table),
+/// and, for 1- to 3-bit codes, whose rows hold at least 16 bytes.
 pub fn takes(format: &LevelFormat) -> bool {
-    let nibbles = match format.codes {
-        CodeLayout::Packed { bits, .. } => bits == 4,
-        CodeLayout::Nibbles { high_at, .. } => high_at.is_none(),
-    };
-    available() && nibbles && format.table.is_none() && format.supported()
+    available() && format.supported() && path(format).is_some()
+}
+
+/// How the kernels read a format's codes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    /// 4-bit codes without a table: `vpmaddubsw` on the nibbles.
+    Nibbles,
+    /// Other codes: decoded to 16-bit levels less the center, `vpmaddwd`.
+    Levels,
+}
+
+/// The path for `format`, if either takes it.
+fn path(format: &LevelFormat) -> Option<Path> {
+    let center = format.center();
+    let whole_center = center.fract() == 0.0 && (0.0..=255.0).contains(&center);
+    let table_fits = format
+        .table
+        .is_none_or(|_| center == 128.0 && format.maps.min_at.is_none());
+    match (format.codes, format.table) {
+        (
+            CodeLayout::Nibbles {
+                high_at: Some(_), ..
+            },
+            _,
+        ) => None,
+        (CodeLayout::Nibbles { .. }, None) | (CodeLayout::Packed { bits: 4, .. }, None) => {
+            Some(Path::Nibbles)
+        }
+        (CodeLayout::Packed { bits, .. }, _) if bits < 4 && format.row_bytes < 16 => None,
+        _ => (whole_center && table_fits).then_some(Path::Levels),
+    }
 }
 
 /// Where a format keeps what the kernels read, worked out once per thread and format.
 struct Plan {
     format: LevelFormat,
-    /// Byte offset within a row of each group's 16 code bytes.
+    path: Path,
+    /// Per group, the byte offset within a row of the 16 bytes the kernels load: its 16 code
+    /// bytes (4-bit codes), or 16 bytes that hold its codes (narrower ones).
     groups_at: Vec<usize>,
     /// Byte offset within a row of each map word.
     words_at: Vec<usize>,
-    /// The sums kernel's slot of each channel: slot `32g + 8s + i` of a head holds i16
-    /// element `k = 2i + s mod 2` of its group's vector `s / 2`, stream position `2k + s / 2`.
+    /// The sums kernel's slot of each channel (`width` slots per head): for nibbles, slot
+    /// `32g + 8s + i` holds i16 element `k = 2i + s mod 2` of its group's vector `s / 2`,
+    /// stream position `2k + s / 2`; for levels, slot `16v + 8s + 4h + i` holds lane
+    /// `8h + 4s + i` of decoded vector `v`.
     slot_of: Vec<i32>,
+    /// Levels: the channel of each lane of the decoded vectors, 16 per vector and 4 vectors
+    /// per pair of groups (lanes 0–7 the pair's first group, 8–15 its second).
+    lane_channel: Vec<usize>,
+    /// Levels from 1- to 3-bit codes: per pair of groups and vector, the `vpshufb` indices that
+    /// put each lane's two bytes (the second `0x80` where the code lies in the first) in place.
+    windows: Vec<[u8; 32]>,
 }
 
 impl Plan {
     fn new(format: &LevelFormat) -> Self {
+        let path = path(format).expect("a format the kernels take");
+        let groups = format.width / GROUP;
+        let bits = format.code_bits() as usize;
+        // Where each group's codes begin, and the 16 bytes loaded for them.
+        let code_at = |g: usize| format.stream_byte(GROUP * bits / 8 * g);
+        let load_at = |g: usize| {
+            if bits == 4 {
+                code_at(g)
+            } else {
+                code_at(g).min(format.row_bytes - 16)
+            }
+        };
+        let groups_at: Vec<usize> = (0..groups).map(load_at).collect();
+        // Levels: vector `j` of a pair, lane `8h + l`, holds group `2p + h`'s position `at(j, l)`.
+        let position = |j: usize, l: usize| {
+            if bits == 4 {
+                // Bytes 0–7 (`j` even) or 8–15 of the group, low nibbles (`j` < 2) or high.
+                2 * (8 * (j % 2) + l) + j / 2
+            } else {
+                8 * j + l
+            }
+        };
+        let mut lane_channel = Vec::new();
+        let mut windows = Vec::new();
+        if path == Path::Levels {
+            for p in 0..groups / 2 {
+                for j in 0..4 {
+                    let mut window = [0u8; 32];
+                    for lane in 0..16 {
+                        let (g, l) = (2 * p + lane / 8, lane % 8);
+                        let at = position(j, l);
+                        lane_channel.push(format.stream_channel(GROUP * g + at));
+                        if bits < 4 {
+                            let bit = bits * at;
+                            let byte = code_at(g) - load_at(g) + bit / 8;
+                            window[2 * lane] = byte as u8;
+                            window[2 * lane + 1] = if bit % 8 + bits > 8 {
+                                byte as u8 + 1
+                            } else {
+                                0x80
+                            };
+                        }
+                    }
+                    windows.push(window);
+                }
+            }
+        }
         let mut slot_of = vec![0i32; format.width];
         for slot in 0..format.width {
-            let (g, s, i) = (slot / GROUP, slot % GROUP / 8, slot % 8);
-            let position = 2 * (2 * i + s % 2) + s / 2;
-            slot_of[format.stream_channel(GROUP * g + position)] = slot as i32;
+            let channel = match path {
+                Path::Nibbles => {
+                    let (g, s, i) = (slot / GROUP, slot % GROUP / 8, slot % 8);
+                    let position = 2 * (2 * i + s % 2) + s / 2;
+                    format.stream_channel(GROUP * g + position)
+                }
+                Path::Levels => {
+                    let (v, s, h, i) = (slot / 16, slot % 16 / 8, slot % 8 / 4, slot % 4);
+                    lane_channel[16 * v + 8 * h + 4 * s + i]
+                }
+            };
+            slot_of[channel] = slot as i32;
         }
         Self {
             format: *format,
-            groups_at: (0..format.width / GROUP)
-                .map(|g| format.stream_byte(16 * g))
-                .collect(),
+            path,
+            groups_at,
             words_at: (0..format.map_words())
                 .map(|k| format.map_word_at(k))
                 .collect(),
             slot_of,
+            lane_channel,
+            windows,
         }
     }
 }
@@ -85,8 +186,9 @@ struct Scratch {
     words: Vec<u16>,
     /// The same as f32; 0 for rows past the tile's end.
     maps: Vec<f32>,
-    /// The sums kernel's integer sums, `width` slots per head.
-    sums: Vec<i32>,
+    /// The sums kernel's integer sums, `width` slots per head, and its decoded levels.
+    #[cfg(target_arch = "x86_64")]
+    sums: kernels::Sums,
     /// The score kernel's queries, [`HEADS`] per entry.
     #[cfg(target_arch = "x86_64")]
     queries: Vec<kernels::Queries>,
@@ -115,7 +217,7 @@ fn for_each_tile<S>(
     blocks: &[u8],
     ahead: &mut Ahead,
     setup: impl FnOnce(&Plan, &mut Vec<kernels::Queries>) -> S,
-    mut tile: impl FnMut(&mut S, &Plan, &[kernels::Queries], &mut [i32], Tile),
+    mut tile: impl FnMut(&mut S, &Plan, &[kernels::Queries], &mut kernels::Sums, Tile),
 ) {
     assert!(takes(format) && blocks.len().is_multiple_of(format.row_bytes));
     SCRATCH.with(|scratch| {
@@ -130,7 +232,9 @@ fn for_each_tile<S>(
         let plan = &plans[at];
         words.resize(TILE_ROWS * MAP_WORDS, 0);
         maps.resize(TILE_ROWS * MAP_WORDS, 0.0);
-        sums.resize(HEADS * format.width, 0);
+        sums.fit(format.width);
+        // Table levels in units of the table: the scales carry the unit.
+        let unit = format.table.map_or(1.0, |t| t.unit);
         let mut state = setup(plan, queries);
         for (i, rows) in blocks.chunks(TILE_ROWS * format.row_bytes).enumerate() {
             let n = rows.len() / format.row_bytes;
@@ -145,7 +249,7 @@ fn for_each_tile<S>(
             }
             words[n * MAP_WORDS..].fill(0);
             // SAFETY: `takes` checked the CPU; both hold whole tiles.
-            unsafe { kernels::decode_maps(words, maps) };
+            unsafe { kernels::decode_maps(words, maps, format.maps(), unit) };
             let first = i * TILE_ROWS;
             tile(&mut state, plan, queries, sums, Tile { first, rows, maps });
         }
@@ -171,14 +275,14 @@ pub fn score_group(
         format,
         blocks,
         ahead,
-        |_, prepared| {
+        |plan, prepared| {
             prepared.clear();
             // SAFETY: `takes` (asserted by `for_each_tile`) checked the CPU; the queries hold
             // their slots.
             prepared.extend(
                 queries
                     .chunks(HEADS)
-                    .map(|chunk| unsafe { kernels::Queries::new(format, chunk, slots) }),
+                    .map(|chunk| unsafe { kernels::Queries::new(plan, chunk, slots) }),
             );
             // Where the scores of absent heads go.
             [0f32; TILE_ROWS]
@@ -231,20 +335,22 @@ pub fn accumulate_group(
 
 #[cfg(target_arch = "x86_64")]
 mod kernels {
-    use super::{Plan, Tile, GROUP, HEADS, QUERY_MAP, TILE_ROWS};
-    use crate::levels::{LevelFormat, MAP_WORDS};
+    use super::{Path, Plan, Tile, GROUP, HEADS, QUERY_MAP, TILE_ROWS};
+    use crate::levels::MAP_WORDS;
     use std::arch::x86_64::*;
 
-    /// Pairs of groups of 32 channels at most ([`LevelFormat::supported`]: 512 channels).
+    /// Pairs of groups of 32 channels at most ([`crate::levels::LevelFormat::supported`]: 512
+    /// channels).
     const MAX_PAIRS: usize = 8;
 
-    /// Up to four heads' i8 queries in the score kernel's order, and their per-group terms.
+    /// Up to four heads' queries in the score kernel's order, and their per-group terms.
     pub struct Queries {
-        /// Per pair of groups and head, the query bytes that the low (`[0]`) and high (`[1]`)
-        /// 32-bit words of the pair's nibbles meet: bytes 0–15 of each group, then 16–31.
-        codes: [[[__m256i; 2]; HEADS]; MAX_PAIRS],
+        /// Per pair of groups and head: for nibbles, the i8 query bytes that the low (`[0]`)
+        /// and high (`[1]`) nibbles of the pair's 32 code bytes meet; for levels, the i16
+        /// query values of each decoded vector's lanes. A group per 128-bit lane.
+        codes: [[[__m256i; 4]; HEADS]; MAX_PAIRS],
         /// Per pair of groups, `σ` of each head (lanes 0–3 the first group, 4–7 the second),
-        /// `center·σ·Σ codes`, and the exact `Σ q`.
+        /// `center·σ·Σ codes` (0 for levels, which are centered), and the exact `Σ q`.
         terms: [[__m256; 3]; MAX_PAIRS],
         /// The same per head over all groups, for rows with one map (whose queries have one
         /// `σ`).
@@ -255,27 +361,51 @@ mod kernels {
         /// Reads up to [`HEADS`] prepared queries whose slots begin `slots` values before their
         /// end; missing heads are zero.
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn new(format: &LevelFormat, queries: &[&[f32]], slots: usize) -> Self {
+        pub unsafe fn new(plan: &Plan, queries: &[&[f32]], slots: usize) -> Self {
+            let format = &plan.format;
             let w = format.width;
-            let mut codes = [[[_mm256_setzero_si256(); 2]; HEADS]; MAX_PAIRS];
+            let center = match plan.path {
+                Path::Nibbles => format.center(),
+                Path::Levels => 0.0,
+            };
+            let mut codes = [[[[0u8; 32]; 4]; HEADS]; MAX_PAIRS];
             let mut terms = [[[0f32; 8]; 3]; MAX_PAIRS];
             let mut totals = [[0f32; HEADS]; 3];
+            let mut by_channel = [0i8; MAX_PAIRS * 2 * GROUP];
             for (h, query) in queries.iter().enumerate() {
                 let s = &query[query.len() - slots..];
-                let bytes = s.as_ptr() as *const u8;
+                let bytes = std::slice::from_raw_parts(s.as_ptr() as *const u8, w);
+                for (i, &b) in bytes.iter().enumerate() {
+                    by_channel[format.query_channel(i)] = b as i8;
+                }
                 for (p, (codes, terms)) in codes.iter_mut().zip(&mut terms).enumerate() {
                     if p == w / (2 * GROUP) {
                         break;
                     }
-                    let first = _mm256_loadu_si256(bytes.add(2 * GROUP * p) as *const _);
-                    let second = _mm256_loadu_si256(bytes.add(2 * GROUP * p + GROUP) as *const _);
-                    codes[h] = [
-                        _mm256_permute2x128_si256::<0x20>(first, second),
-                        _mm256_permute2x128_si256::<0x31>(first, second),
-                    ];
+                    match plan.path {
+                        // The query's order within a group (`quantize_query`): per 32-bit word
+                        // `k`, the low nibbles of code bytes `4·(k/2)…` for even `k`, their
+                        // high nibbles for odd `k`.
+                        Path::Nibbles => {
+                            let [low, high, ..] = &mut codes[h];
+                            for (i, (low, high)) in low.iter_mut().zip(high).enumerate() {
+                                let (group, b) = (i / 16, i % 16);
+                                let j = 2 * GROUP * p + GROUP * group + 8 * (b / 4) + b % 4;
+                                (*low, *high) = (bytes[j], bytes[j + 4]);
+                            }
+                        }
+                        Path::Levels => {
+                            for (j, vector) in codes[h].iter_mut().enumerate() {
+                                let lanes = &plan.lane_channel[16 * (4 * p + j)..][..16];
+                                for (pair, &c) in vector.chunks_exact_mut(2).zip(lanes) {
+                                    pair.copy_from_slice(&i16::from(by_channel[c]).to_le_bytes());
+                                }
+                            }
+                        }
+                    }
                     for k in 0..2 {
                         let map = &s[w / 4 + QUERY_MAP * (2 * p + k)..];
-                        let group = [map[0], format.center() * map[1], map[2]];
+                        let group = [map[0], center * map[1], map[2]];
                         for (i, x) in group.into_iter().enumerate() {
                             terms[i][4 * k + h] = x;
                             totals[i][h] += x;
@@ -286,56 +416,218 @@ mod kernels {
                 totals[0][h] = s[w / 4];
             }
             Self {
-                codes,
+                codes: codes
+                    .map(|c| c.map(|c| c.map(|b| _mm256_loadu_si256(b.as_ptr() as *const _)))),
                 terms: terms.map(|t| t.map(|x| _mm256_loadu_ps(x.as_ptr()))),
                 totals: totals.map(|x| _mm_loadu_ps(x.as_ptr())),
             }
         }
     }
 
-    /// Each row's map words as f32.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn decode_maps(words: &[u16], maps: &mut [f32]) {
-        const { assert!(MAP_WORDS == 8) };
-        for (w, m) in words.chunks_exact(8).zip(maps.chunks_exact_mut(8)) {
-            let halves = _mm_loadu_si128(w.as_ptr() as *const _);
-            _mm256_storeu_ps(m.as_mut_ptr(), _mm256_cvtph_ps(halves));
+    /// The sums kernel's scratch.
+    #[derive(Default)]
+    pub struct Sums {
+        /// Integer sums, `width` slots per head.
+        sums: Vec<i32>,
+        /// A tile's decoded levels, a row's vectors after another (and a row of zeros).
+        levels: Vec<__m256i>,
+    }
+
+    impl Sums {
+        /// Room for rows of `width` channels.
+        pub fn fit(&mut self, width: usize) {
+            self.sums.resize(HEADS * width, 0);
+            self.levels.resize((TILE_ROWS + 1) * width / 16, unsafe {
+                _mm256_setzero_si256()
+            });
         }
     }
 
-    /// Each row's 32 bytes of a pair of groups, split into the 32-bit words of their low and
-    /// high nibbles interleaved: in each 128-bit lane (a group), `[0]` holds its bytes 0–7's
-    /// codes in the query's order and `[1]` its bytes 8–15's.
+    /// Each row's map words as f32, its first `scales` words (the scales) times `unit`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn decode_maps(words: &[u16], maps: &mut [f32], scales: usize, unit: f32) {
+        const { assert!(MAP_WORDS == 8) };
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let units = _mm256_blendv_ps(
+            _mm256_set1_ps(1.0),
+            _mm256_set1_ps(unit),
+            _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(scales as i32), lanes)),
+        );
+        for (w, m) in words.chunks_exact(8).zip(maps.chunks_exact_mut(8)) {
+            let halves = _mm_loadu_si128(w.as_ptr() as *const _);
+            _mm256_storeu_ps(
+                m.as_mut_ptr(),
+                _mm256_mul_ps(_mm256_cvtph_ps(halves), units),
+            );
+        }
+    }
+
+    /// The 16 bytes at `a` in the low lane and at `b` in the high one.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pair_codes(row: *const u8, halves: &[usize], p: usize) -> [__m256i; 2] {
-        let (a, b) = (halves[2 * p], halves[2 * p + 1]);
-        let v = if b == a + 16 {
+    unsafe fn load_pair(row: *const u8, a: usize, b: usize) -> __m256i {
+        if b == a + 16 {
             _mm256_loadu_si256(row.add(a) as *const _)
         } else {
             _mm256_loadu2_m128i(row.add(b) as *const _, row.add(a) as *const _)
-        };
+        }
+    }
+
+    /// Each row's 32 bytes of a pair of groups (a group per 128-bit lane), split into their
+    /// low (`[0]`) and high (`[1]`) nibbles.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pair_codes(row: *const u8, groups_at: &[usize], p: usize) -> [__m256i; 2] {
+        let v = load_pair(row, groups_at[2 * p], groups_at[2 * p + 1]);
         let mask = _mm256_set1_epi8(0x0f);
-        let low = _mm256_and_si256(v, mask);
-        let high = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
         [
-            _mm256_unpacklo_epi32(low, high),
-            _mm256_unpackhi_epi32(low, high),
+            _mm256_and_si256(v, mask),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
         ]
     }
 
-    /// Four heads' integer dots of a row's pair of groups, each head's in 8 lanes: lanes 0–3
-    /// sum to its dot with the first group, lanes 4–7 to the second's.
+    /// How [`Decoder`] reads codes: 4-bit codes through a table, or 1- to 3-bit codes without
+    /// a table or through one.
+    pub const TABLE4: u8 = 1;
+    /// See [`TABLE4`].
+    pub const WINDOWS: u8 = 2;
+    /// See [`TABLE4`].
+    pub const WINDOWS_TABLE: u8 = 3;
+
+    /// The [`Decoder`] kind of a format on the levels path.
+    pub fn decoder_kind(plan: &Plan) -> u8 {
+        match (plan.format.code_bits(), plan.format.table.is_some()) {
+            (4, _) => TABLE4,
+            (_, false) => WINDOWS,
+            (_, true) => WINDOWS_TABLE,
+        }
+    }
+
+    /// What decodes a row's codes to 16-bit levels less the center.
+    #[derive(Clone, Copy)]
+    pub struct Decoder<'a> {
+        groups_at: &'a [usize],
+        /// 1- to 3-bit codes: per pair and vector, the lanes' `vpshufb` windows.
+        windows: &'a [[u8; 32]],
+        /// Per lane, `2^(8 − shift)` (the code's bit within its window).
+        shifts: __m256i,
+        mask: __m256i,
+        center: __m256i,
+        /// The table: 4-bit codes' i8 levels less 128 in each lane; narrower codes' i16
+        /// levels less 128, as byte pairs.
+        table: __m256i,
+    }
+
+    impl<'a> Decoder<'a> {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn new(plan: &'a Plan) -> Self {
+            let format = &plan.format;
+            let bits = format.code_bits();
+            let shifts: [i16; 16] = std::array::from_fn(|l| 1 << (8 - bits as usize * (l % 8) % 8));
+            let table: [u8; 16] = match format.table {
+                Some(t) if bits == 4 => t.levels.map(|l| l as u8),
+                Some(t) => {
+                    std::array::from_fn(|i| i16::from(t.levels[i / 2 % 8]).to_le_bytes()[i % 2])
+                }
+                None => [0; 16],
+            };
+            Self {
+                groups_at: &plan.groups_at,
+                windows: &plan.windows,
+                shifts: _mm256_loadu_si256(shifts.as_ptr() as *const _),
+                mask: _mm256_set1_epi16((1 << bits) - 1),
+                center: _mm256_set1_epi16(format.center() as i16),
+                table: _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const _)),
+            }
+        }
+
+        /// A row's pair of groups `p` as four vectors of 16 levels (lanes 0–7 the first group,
+        /// 8–15 the second; which positions: [`Plan::lane_channel`]), for codes of `KIND`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn pair<const KIND: u8>(&self, row: *const u8, p: usize) -> [__m256i; 4] {
+            let v = load_pair(
+                row,
+                *self.groups_at.get_unchecked(2 * p),
+                *self.groups_at.get_unchecked(2 * p + 1),
+            );
+            if KIND == TABLE4 {
+                // Table levels, looked up by bytes and widened with their signs.
+                let mask = _mm256_set1_epi8(0x0f);
+                let low = _mm256_shuffle_epi8(self.table, _mm256_and_si256(v, mask));
+                let high = _mm256_shuffle_epi8(
+                    self.table,
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
+                );
+                let zero = _mm256_setzero_si256();
+                let (low_signs, high_signs) =
+                    (_mm256_cmpgt_epi8(zero, low), _mm256_cmpgt_epi8(zero, high));
+                return [
+                    _mm256_unpacklo_epi8(low, low_signs),
+                    _mm256_unpackhi_epi8(low, low_signs),
+                    _mm256_unpacklo_epi8(high, high_signs),
+                    _mm256_unpackhi_epi8(high, high_signs),
+                ];
+            }
+            let windows = self.windows.as_ptr().add(4 * p);
+            std::array::from_fn(|j| {
+                let window = _mm256_loadu_si256((*windows.add(j)).as_ptr() as *const _);
+                let x = _mm256_shuffle_epi8(v, window);
+                let code = _mm256_and_si256(
+                    _mm256_srli_epi16::<8>(_mm256_mullo_epi16(x, self.shifts)),
+                    self.mask,
+                );
+                if KIND == WINDOWS_TABLE {
+                    // Byte pair `2·code, 2·code + 1` of the table.
+                    _mm256_shuffle_epi8(
+                        self.table,
+                        _mm256_add_epi16(
+                            _mm256_mullo_epi16(code, _mm256_set1_epi16(0x0202)),
+                            _mm256_set1_epi16(0x0100),
+                        ),
+                    )
+                } else {
+                    _mm256_sub_epi16(code, self.center)
+                }
+            })
+        }
+    }
+
+    /// Four heads' pair sums (16-bit) of a row's pair of groups: each lane adds 4 products.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pair_dots(codes: [__m256i; 2], q: &[[__m256i; 2]; HEADS]) -> [__m256i; HEADS] {
-        let ones = _mm256_set1_epi16(1);
+    unsafe fn pair_products(codes: [__m256i; 2], q: &[[__m256i; 4]; HEADS]) -> [__m256i; HEADS] {
         std::array::from_fn(|h| {
-            let products = _mm256_add_epi16(
+            _mm256_add_epi16(
                 _mm256_maddubs_epi16(codes[0], q[h][0]),
                 _mm256_maddubs_epi16(codes[1], q[h][1]),
-            );
-            _mm256_madd_epi16(products, ones)
+            )
+        })
+    }
+
+    /// Four heads' 16-bit lanes summed in pairs to 32 bits.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn widen(products: [__m256i; HEADS]) -> [__m256i; HEADS] {
+        products.map(|x| _mm256_madd_epi16(x, _mm256_set1_epi16(1)))
+    }
+
+    /// Four heads' dots (32-bit) with a pair of groups' decoded levels, a group per 128-bit
+    /// lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn level_dots(levels: [__m256i; 4], q: &[[__m256i; 4]; HEADS]) -> [__m256i; HEADS] {
+        std::array::from_fn(|h| {
+            _mm256_add_epi32(
+                _mm256_add_epi32(
+                    _mm256_madd_epi16(levels[0], q[h][0]),
+                    _mm256_madd_epi16(levels[1], q[h][1]),
+                ),
+                _mm256_add_epi32(
+                    _mm256_madd_epi16(levels[2], q[h][2]),
+                    _mm256_madd_epi16(levels[3], q[h][3]),
+                ),
+            )
         })
     }
 
@@ -347,14 +639,26 @@ mod kernels {
         _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]))
     }
 
-    /// Writes lane `h` of `v` to `out[h][t]`.
+    /// Writes `scores[t]`'s lane `h` to `out[h][t]` for the first `n` rows, four rows at a
+    /// time through a transpose.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn store_heads(v: __m128, out: &[*mut f32; HEADS], t: usize) {
-        *out[0].add(t) = _mm_cvtss_f32(v);
-        *out[1].add(t) = f32::from_bits(_mm_extract_ps::<1>(v) as u32);
-        *out[2].add(t) = f32::from_bits(_mm_extract_ps::<2>(v) as u32);
-        *out[3].add(t) = f32::from_bits(_mm_extract_ps::<3>(v) as u32);
+    unsafe fn store_heads(scores: &[__m128], n: usize, out: &[*mut f32; HEADS]) {
+        let whole = n / 4 * 4;
+        for t in (0..whole).step_by(4) {
+            let [mut a, mut b, mut c, mut d] =
+                [scores[t], scores[t + 1], scores[t + 2], scores[t + 3]];
+            _MM_TRANSPOSE4_PS(&mut a, &mut b, &mut c, &mut d);
+            for (o, v) in out.iter().zip([a, b, c, d]) {
+                _mm_storeu_ps(o.add(t), v);
+            }
+        }
+        for (t, s) in scores.iter().enumerate().take(n).skip(whole) {
+            let lanes: [f32; HEADS] = std::mem::transmute(*s);
+            for (o, x) in out.iter().zip(lanes) {
+                *o.add(t) = x;
+            }
+        }
     }
 
     /// Scores of up to four heads for each of a tile's rows into `out[h][t]`.
@@ -362,25 +666,64 @@ mod kernels {
     pub unsafe fn score_rows(plan: &Plan, q: &Queries, tile: &Tile, out: [*mut f32; HEADS]) {
         let format = &plan.format;
         let one_map = format.maps.channels >= format.width;
-        match (one_map, format.maps.min_at.is_some()) {
-            (true, true) => score_rows_as::<true, true>(plan, q, tile, out),
-            (true, false) => score_rows_as::<true, false>(plan, q, tile, out),
-            (false, true) => score_rows_as::<false, true>(plan, q, tile, out),
-            (false, false) => score_rows_as::<false, false>(plan, q, tile, out),
+        macro_rules! by_pairs {
+            ($kind:expr, $one:literal, $min:literal) => {
+                match format.width / (2 * GROUP) {
+                    1 => score_rows_as::<{ $kind }, $one, $min, 1>(plan, q, tile, out),
+                    2 => score_rows_as::<{ $kind }, $one, $min, 2>(plan, q, tile, out),
+                    4 => score_rows_as::<{ $kind }, $one, $min, 4>(plan, q, tile, out),
+                    _ => score_rows_as::<{ $kind }, $one, $min, 0>(plan, q, tile, out),
+                }
+            };
+        }
+        macro_rules! by_maps {
+            ($kind:expr) => {
+                match (one_map, format.maps.min_at.is_some()) {
+                    (true, true) => by_pairs!($kind, true, true),
+                    (true, false) => by_pairs!($kind, true, false),
+                    (false, true) => by_pairs!($kind, false, true),
+                    (false, false) => by_pairs!($kind, false, false),
+                }
+            };
+        }
+        match (plan.path, decoder_kind(plan)) {
+            (Path::Nibbles, _) => by_maps!(NIBBLES),
+            (Path::Levels, TABLE4) => by_maps!(TABLE4),
+            (Path::Levels, WINDOWS) => by_maps!(WINDOWS),
+            (Path::Levels, _) => by_maps!(WINDOWS_TABLE),
         }
     }
 
-    /// [`score_rows`] for rows with one map or several (`ONE_MAP`), with minimums or without.
+    /// The score kernel's codes: 4-bit without a table (else a [`Decoder`] kind).
+    const NIBBLES: u8 = 0;
+
+    /// Pairs of groups whose 16-bit nibble sums add up without overflow: each lane of a
+    /// pair's sums is at most `4·15·127`.
+    const PAIRS_PER_SUM: usize = 4;
+
+    /// [`score_rows`] for nibbles or a [`Decoder`] kind of levels (`KIND`), rows with one map
+    /// or several (`ONE_MAP`), with minimums or without, and `PAIRS` pairs of groups (0: as
+    /// many as the format has, not known when compiled).
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn score_rows_as<const ONE_MAP: bool, const MIN: bool>(
+    unsafe fn score_rows_as<
+        const KIND: u8,
+        const ONE_MAP: bool,
+        const MIN: bool,
+        const PAIRS: usize,
+    >(
         plan: &Plan,
         q: &Queries,
         tile: &Tile,
         out: [*mut f32; HEADS],
     ) {
-        let (format, halves, rows, maps) =
+        let (format, groups_at, rows, maps) =
             (&plan.format, &plan.groups_at[..], tile.rows, tile.maps);
-        let pairs = format.width / (2 * GROUP);
+        let decoder = Decoder::new(plan);
+        let pairs = if PAIRS > 0 {
+            PAIRS
+        } else {
+            format.width / (2 * GROUP)
+        };
         let (per_map, count) = (format.maps.channels / GROUP, format.maps() as i32);
         let center = format.center();
         // Per pair, the map word of each half's group: its scale, and its minimum.
@@ -389,14 +732,39 @@ mod kernels {
             _mm256_setr_epi32(m0, m0, m0, m0, m1, m1, m1, m1)
         });
         let min_at = scale_at.map(|i| _mm256_add_epi32(i, _mm256_set1_epi32(count)));
-        for t in 0..rows.len() / format.row_bytes {
+        // Four heads' 32-bit dots with pair `p` of a row, a group per 128-bit lane.
+        let pair_dots = |row: *const u8, p: usize| {
+            if KIND != NIBBLES {
+                level_dots(decoder.pair::<KIND>(row, p), &q.codes[p])
+            } else {
+                widen(pair_products(pair_codes(row, groups_at, p), &q.codes[p]))
+            }
+        };
+        let n = rows.len() / format.row_bytes;
+        let mut scores = [_mm_setzero_ps(); TILE_ROWS];
+        for (t, score) in scores.iter_mut().enumerate().take(n) {
             let row = rows.as_ptr().add(t * format.row_bytes);
             let words = maps.as_ptr().add(t * MAP_WORDS);
-            let score = if ONE_MAP {
+            *score = if ONE_MAP {
                 let mut sums = [_mm256_setzero_si256(); HEADS];
-                for p in 0..pairs {
-                    let d = pair_dots(pair_codes(row, halves, p), &q.codes[p]);
-                    sums = std::array::from_fn(|h| _mm256_add_epi32(sums[h], d[h]));
+                if KIND != NIBBLES {
+                    for p in 0..pairs {
+                        let d = pair_dots(row, p);
+                        sums = std::array::from_fn(|h| _mm256_add_epi32(sums[h], d[h]));
+                    }
+                } else {
+                    // Nibbles: 16-bit sums over up to `PAIRS_PER_SUM` pairs before widening.
+                    for first in (0..pairs).step_by(PAIRS_PER_SUM) {
+                        let codes = pair_codes(row, groups_at, first);
+                        let mut products = pair_products(codes, &q.codes[first]);
+                        for p in first + 1..pairs.min(first + PAIRS_PER_SUM) {
+                            let more = pair_products(pair_codes(row, groups_at, p), &q.codes[p]);
+                            products =
+                                std::array::from_fn(|h| _mm256_add_epi16(products[h], more[h]));
+                        }
+                        let wide = widen(products);
+                        sums = std::array::from_fn(|h| _mm256_add_epi32(sums[h], wide[h]));
+                    }
                 }
                 let dots = per_head(sums);
                 let dots = _mm_add_epi32(
@@ -416,8 +784,7 @@ mod kernels {
                 let words = _mm256_loadu_ps(words);
                 let mut score = _mm256_setzero_ps();
                 for p in 0..pairs {
-                    let d = pair_dots(pair_codes(row, halves, p), &q.codes[p]);
-                    let dots = _mm256_cvtepi32_ps(per_head(d));
+                    let dots = _mm256_cvtepi32_ps(per_head(pair_dots(row, p)));
                     let [sigma, centered, sums] = q.terms[p];
                     let scale = _mm256_permutevar8x32_ps(words, scale_at[p]);
                     score = _mm256_fmadd_ps(scale, _mm256_fmsub_ps(sigma, dots, centered), score);
@@ -432,8 +799,8 @@ mod kernels {
                     _mm256_extractf128_ps::<1>(score),
                 )
             };
-            store_heads(score, &out, t);
         }
+        store_heads(&scores, n, &out);
     }
 
     /// The sum of `v`'s lanes.
@@ -445,28 +812,28 @@ mod kernels {
         _mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32::<1>(x)))
     }
 
-    /// Adds up to four heads' weighted sums of a tile's rows to `accs`: per map the weights
-    /// times the rows' scales rounded to i8 against their largest magnitude, the products
-    /// summed in integers into `sums` (`width` slots per head, the plan's `slot_of[c]` holding
-    /// channel `c`).
+    /// A tile's weights as the sums kernels take them: per head and map the weights times the
+    /// rows' scales rounded to i8 against their largest magnitude (rows past the tile's end
+    /// 0), the rounding's step, and what the integer sums leave out (`Σ w·offset`, less
+    /// `step·center·Σ rounded` where the levels are not centered).
+    struct Rounded {
+        weights: [[[i8; TILE_ROWS]; MAP_WORDS]; HEADS],
+        steps: [[f32; MAP_WORDS]; HEADS],
+        constants: [[f32; MAP_WORDS]; HEADS],
+    }
+
+    /// [`Rounded`] for up to four heads' `weights` over `tile`.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn accumulate_rows(
-        plan: &Plan,
-        weights: &[&[f32]],
-        tile: &Tile,
-        sums: &mut [i32],
-        accs: &mut [&mut [f32]],
-    ) {
-        let (format, halves, slot_of) = (&plan.format, &plan.groups_at[..], &plan.slot_of[..]);
-        let (rows, maps) = (tile.rows, tile.maps);
-        let n = rows.len() / format.row_bytes;
-        let (w, heads) = (format.width, weights.len());
-        let (count, per_map) = (format.maps(), format.maps.channels / GROUP);
+    unsafe fn round_weights(plan: &Plan, weights: &[&[f32]], tile: &Tile) -> Rounded {
+        let format = &plan.format;
+        let maps = tile.maps;
+        let n = tile.rows.len() / format.row_bytes;
+        let count = format.maps();
         let center = format.center();
-        // Rounded weights per head and map, for whole stores of 32 rows.
+        let centered = plan.path == Path::Levels;
         let mut rounded = [[[0i8; TILE_ROWS]; MAP_WORDS]; HEADS];
         let vectors = n.div_ceil(32) * 4;
-        // Per head and map: the weights' step, and `Σ w·offset − step·center·Σ rounded`.
         let mut steps = [[0f32; MAP_WORDS]; HEADS];
         let mut constants = [[0f32; MAP_WORDS]; HEADS];
         // Per head the weights, rows past the tile's end 0, and the same in units of 1/127 of
@@ -486,6 +853,14 @@ mod kernels {
             }
             steps[h] = [largest_w / 127.0; MAP_WORDS];
         }
+        // Rows that some head weighs: the others (the unwritten rows of a partly written
+        // block) add nothing, and their scales must not coarsen the rounding.
+        let live: [__m256; TILE_ROWS / 8] = std::array::from_fn(|i| {
+            padded.iter().fold(_mm256_setzero_ps(), |live, w| {
+                let x = _mm256_loadu_ps(w.as_ptr().add(8 * i));
+                _mm256_or_ps(live, _mm256_cmp_ps::<_CMP_NEQ_UQ>(x, _mm256_setzero_ps()))
+            })
+        });
         // Row `t + i` of map word `k` at `(t + i)·MAP_WORDS + k`.
         let rows_of = _mm256_mullo_epi32(
             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
@@ -508,7 +883,7 @@ mod kernels {
                 .enumerate()
                 .take(vectors)
             {
-                *s = word(m, 8 * i);
+                *s = _mm256_and_ps(word(m, 8 * i), live[i]);
                 if format.maps.min_at.is_some() {
                     *o = _mm256_fmadd_ps(*s, _mm256_set1_ps(center), word(count + m, 8 * i));
                 }
@@ -561,11 +936,72 @@ mod kernels {
                     }
                 }
                 steps[h][m] *= largest_a;
-                let codes = horizontal_sum_epi32(codes) as f32;
-                constants[h][m] = crate::simd::avx2::hsum(offset) - steps[h][m] * center * codes;
+                constants[h][m] = crate::simd::avx2::hsum(offset);
+                if !centered {
+                    let codes = horizontal_sum_epi32(codes) as f32;
+                    constants[h][m] -= steps[h][m] * center * codes;
+                }
             }
         }
-        // Every head's lanes, absent heads' weights 0: no branch per head in the loop.
+        Rounded {
+            weights: rounded,
+            steps,
+            constants,
+        }
+    }
+
+    /// Adds up to four heads' weighted sums of a tile's rows to `accs`: the rows' levels times
+    /// the [`Rounded`] weights summed in integers into `sums` (`width` slots per head, the
+    /// plan's `slot_of[c]` holding channel `c`), then scaled.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn accumulate_rows(
+        plan: &Plan,
+        weights: &[&[f32]],
+        tile: &Tile,
+        scratch: &mut Sums,
+        accs: &mut [&mut [f32]],
+    ) {
+        let format = &plan.format;
+        let rounded = round_weights(plan, weights, tile);
+        let sums = &mut scratch.sums;
+        let levels = &mut scratch.levels;
+        match (plan.path, decoder_kind(plan)) {
+            (Path::Nibbles, _) => sum_nibbles(plan, &rounded.weights, tile, sums),
+            (Path::Levels, TABLE4) => sum_levels::<TABLE4>(plan, &rounded, tile, sums, levels),
+            (Path::Levels, WINDOWS) => sum_levels::<WINDOWS>(plan, &rounded, tile, sums, levels),
+            (Path::Levels, _) => sum_levels::<WINDOWS_TABLE>(plan, &rounded, tile, sums, levels),
+        }
+        // acc[c] += step·sum + constant, 8 channels at a time.
+        let (w, channels) = (format.width, format.maps.channels);
+        for (h, a) in accs.iter_mut().enumerate().take(weights.len()) {
+            let sums = sums.as_ptr().add(h * w);
+            for (m, first) in (0..w).step_by(channels).enumerate() {
+                let step = _mm256_set1_ps(rounded.steps[h][m]);
+                let constant = _mm256_set1_ps(rounded.constants[h][m]);
+                for c in (first..first + channels).step_by(8) {
+                    let slots = _mm256_loadu_si256(plan.slot_of.as_ptr().add(c) as *const _);
+                    let sum = _mm256_cvtepi32_ps(_mm256_i32gather_epi32::<4>(sums, slots));
+                    let at = a.as_mut_ptr().add(c);
+                    let value = _mm256_fmadd_ps(step, sum, constant);
+                    _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), value));
+                }
+            }
+        }
+    }
+
+    /// The integer sums of 4-bit codes without a table: a group at a time, two rows' bytes
+    /// interleaved so that `vpmaddubsw` adds each channel's two products.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sum_nibbles(
+        plan: &Plan,
+        rounded: &[[[i8; TILE_ROWS]; MAP_WORDS]; HEADS],
+        tile: &Tile,
+        sums: &mut [i32],
+    ) {
+        let (format, rows) = (&plan.format, tile.rows);
+        let n = rows.len() / format.row_bytes;
+        let (w, per_map) = (format.width, format.maps.channels / GROUP);
         sums[..HEADS * w].fill(0);
         let mask = _mm256_set1_epi8(0x0f);
         // Bytes `i` and `8 + i` of each lane side by side: two rows' codes of one channel.
@@ -574,7 +1010,7 @@ mod kernels {
             5, 13, 6, 14, 7, 15,
         );
         let zeros = [0u8; 16];
-        for (g, &at) in halves.iter().enumerate() {
+        for (g, &at) in plan.groups_at.iter().enumerate() {
             let m = g / per_map;
             for first in (0..n).step_by(16) {
                 let mut acc = [[_mm256_setzero_si256(); 2]; HEADS];
@@ -613,20 +1049,79 @@ mod kernels {
                 }
             }
         }
-        // acc[c] += step·sum + constant, 8 channels at a time.
-        for (h, a) in accs.iter_mut().enumerate().take(heads) {
-            let sums = sums.as_ptr().add(h * w);
-            for c in (0..w).step_by(8) {
-                let m = c / format.maps.channels;
-                let slots = _mm256_loadu_si256(slot_of.as_ptr().add(c) as *const _);
-                let sum = _mm256_cvtepi32_ps(_mm256_i32gather_epi32::<4>(sums, slots));
-                let at = a.as_mut_ptr().add(c);
-                let value = _mm256_fmadd_ps(
-                    _mm256_set1_ps(steps[h][m]),
-                    sum,
-                    _mm256_set1_ps(constants[h][m]),
-                );
-                _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), value));
+    }
+
+    /// The integer sums of decoded levels: the tile's rows decoded into `levels`, then 16
+    /// channels at a time two rows' levels interleaved so that `vpmaddwd` adds each channel's
+    /// two products.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sum_levels<const KIND: u8>(
+        plan: &Plan,
+        rounded: &Rounded,
+        tile: &Tile,
+        sums: &mut [i32],
+        levels: &mut [__m256i],
+    ) {
+        let (format, rows) = (&plan.format, tile.rows);
+        let n = rows.len() / format.row_bytes;
+        let (w, per_map) = (format.width, format.maps.channels / GROUP);
+        let (pairs, vectors) = (w / (2 * GROUP), w / 16);
+        let decoder = Decoder::new(plan);
+        for t in 0..n {
+            let row = rows.as_ptr().add(t * format.row_bytes);
+            let out = levels.as_mut_ptr().add(t * vectors);
+            for p in 0..pairs {
+                let decoded = decoder.pair::<KIND>(row, p);
+                for (j, v) in decoded.into_iter().enumerate() {
+                    _mm256_store_si256(out.add(4 * p + j), v);
+                }
+            }
+        }
+        // An odd last row's partner: zero levels (its weights are 0 too).
+        levels[n * vectors..(n + 1) * vectors].fill(_mm256_setzero_si256());
+        // Per head and map the weights as i16, read as pairs of rows.
+        let mut wide = [[[0i16; TILE_ROWS]; MAP_WORDS]; HEADS];
+        for (wide, rounded) in wide.iter_mut().zip(&rounded.weights) {
+            for (wide, rounded) in wide.iter_mut().zip(rounded).take(format.maps()) {
+                for (x, &r) in wide.iter_mut().zip(rounded) {
+                    *x = i16::from(r);
+                }
+            }
+        }
+        let levels = levels.as_ptr();
+        for p in 0..pairs {
+            // The weights of each lane's group's map, in its 128-bit half.
+            let (m0, m1) = (2 * p / per_map, (2 * p + 1) / per_map);
+            let pair_of = |h: usize, r: usize| {
+                let at = |m: usize| (wide[h][m].as_ptr() as *const i32).add(r);
+                if m0 == m1 {
+                    _mm256_set1_epi32(*at(m0))
+                } else {
+                    _mm256_inserti128_si256::<1>(
+                        _mm256_set1_epi32(*at(m0)),
+                        _mm_set1_epi32(*at(m1)),
+                    )
+                }
+            };
+            for j in 0..4 {
+                let v = 4 * p + j;
+                let mut acc = [[_mm256_setzero_si256(); 2]; HEADS];
+                for (r, t) in (0..n).step_by(2).enumerate() {
+                    let a = *levels.add(t * vectors + v);
+                    let b = *levels.add((t + 1) * vectors + v);
+                    let (low, high) = (_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b));
+                    for (h, acc) in acc.iter_mut().enumerate() {
+                        let weights = pair_of(h, r);
+                        acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(low, weights));
+                        acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(high, weights));
+                    }
+                }
+                for (h, acc) in acc.iter().enumerate() {
+                    let at = sums.as_mut_ptr().add(h * w + 16 * v);
+                    _mm256_storeu_si256(at as *mut _, acc[0]);
+                    _mm256_storeu_si256(at.add(8) as *mut _, acc[1]);
+                }
             }
         }
     }
