@@ -78,6 +78,9 @@ fn path(format: &LevelFormat) -> Option<Path> {
 }
 
 /// Where a format keeps what the kernels read, worked out once per thread and format.
+///
+/// Both paths keep their integer sums in channel order; the levels path decodes a pair of
+/// groups `p` to four vectors whose vector `j`, lane `8h + l` holds channel `64p + 32h + 8j + l`.
 struct Plan {
     format: LevelFormat,
     path: Path,
@@ -86,14 +89,6 @@ struct Plan {
     groups_at: Vec<usize>,
     /// Byte offset within a row of each map word.
     words_at: Vec<usize>,
-    /// The sums kernel's slot of each channel (`width` slots per head): for nibbles, slot
-    /// `32g + 8s + i` holds i16 element `k = 2i + s mod 2` of its group's vector `s / 2`,
-    /// stream position `2k + s / 2`; for levels, slot `16v + 8s + 4h + i` holds lane
-    /// `8h + 4s + i` of decoded vector `v`.
-    slot_of: Vec<i32>,
-    /// Levels: the channel of each lane of the decoded vectors, 16 per vector and 4 vectors
-    /// per pair of groups (lanes 0–7 the pair's first group, 8–15 its second).
-    lane_channel: Vec<usize>,
     /// Levels from 1- to 3-bit codes: per pair of groups and vector, the `vpshufb` indices that
     /// put each lane's two bytes (the second `0x80` where the code lies in the first) in place.
     windows: Vec<[u8; 32]>,
@@ -113,65 +108,33 @@ impl Plan {
                 code_at(g).min(format.row_bytes - 16)
             }
         };
-        let groups_at: Vec<usize> = (0..groups).map(load_at).collect();
-        // Levels: vector `j` of a pair, lane `8h + l`, holds group `2p + h`'s position `at(j, l)`.
-        let position = |j: usize, l: usize| {
-            if bits == 4 {
-                // Bytes 0–7 (`j` even) or 8–15 of the group, low nibbles (`j` < 2) or high.
-                2 * (8 * (j % 2) + l) + j / 2
-            } else {
-                8 * j + l
-            }
-        };
-        let mut lane_channel = Vec::new();
         let mut windows = Vec::new();
-        if path == Path::Levels {
+        if path == Path::Levels && bits < 4 {
             for p in 0..groups / 2 {
                 for j in 0..4 {
                     let mut window = [0u8; 32];
                     for lane in 0..16 {
-                        let (g, l) = (2 * p + lane / 8, lane % 8);
-                        let at = position(j, l);
-                        lane_channel.push(format.stream_channel(GROUP * g + at));
-                        if bits < 4 {
-                            let bit = bits * at;
-                            let byte = code_at(g) - load_at(g) + bit / 8;
-                            window[2 * lane] = byte as u8;
-                            window[2 * lane + 1] = if bit % 8 + bits > 8 {
-                                byte as u8 + 1
-                            } else {
-                                0x80
-                            };
-                        }
+                        let (g, at) = (2 * p + lane / 8, 8 * j + lane % 8);
+                        let bit = bits * at;
+                        let byte = code_at(g) - load_at(g) + bit / 8;
+                        window[2 * lane] = byte as u8;
+                        window[2 * lane + 1] = if bit % 8 + bits > 8 {
+                            byte as u8 + 1
+                        } else {
+                            0x80
+                        };
                     }
                     windows.push(window);
                 }
             }
         }
-        let mut slot_of = vec![0i32; format.width];
-        for slot in 0..format.width {
-            let channel = match path {
-                Path::Nibbles => {
-                    let (g, s, i) = (slot / GROUP, slot % GROUP / 8, slot % 8);
-                    let position = 2 * (2 * i + s % 2) + s / 2;
-                    format.stream_channel(GROUP * g + position)
-                }
-                Path::Levels => {
-                    let (v, s, h, i) = (slot / 16, slot % 16 / 8, slot % 8 / 4, slot % 4);
-                    lane_channel[16 * v + 8 * h + 4 * s + i]
-                }
-            };
-            slot_of[channel] = slot as i32;
-        }
         Self {
             format: *format,
             path,
-            groups_at,
+            groups_at: (0..groups).map(load_at).collect(),
             words_at: (0..format.map_words())
                 .map(|k| format.map_word_at(k))
                 .collect(),
-            slot_of,
-            lane_channel,
             windows,
         }
     }
@@ -336,7 +299,7 @@ pub fn accumulate_group(
 #[cfg(target_arch = "x86_64")]
 mod kernels {
     use super::{Path, Plan, Tile, GROUP, HEADS, QUERY_MAP, TILE_ROWS};
-    use crate::levels::MAP_WORDS;
+    use crate::levels::{CodeLayout, MAP_WORDS};
     use std::arch::x86_64::*;
 
     /// Pairs of groups of 32 channels at most ([`crate::levels::LevelFormat::supported`]: 512
@@ -396,8 +359,8 @@ mod kernels {
                         }
                         Path::Levels => {
                             for (j, vector) in codes[h].iter_mut().enumerate() {
-                                let lanes = &plan.lane_channel[16 * (4 * p + j)..][..16];
-                                for (pair, &c) in vector.chunks_exact_mut(2).zip(lanes) {
+                                for (lane, pair) in vector.chunks_exact_mut(2).enumerate() {
+                                    let c = 2 * GROUP * p + GROUP * (lane / 8) + 8 * j + lane % 8;
                                     pair.copy_from_slice(&i16::from(by_channel[c]).to_le_bytes());
                                 }
                             }
@@ -486,20 +449,25 @@ mod kernels {
         ]
     }
 
-    /// How [`Decoder`] reads codes: 4-bit codes through a table, or 1- to 3-bit codes without
+    /// How [`Decoder`] reads codes: 4-bit codes through a table in llama.cpp's blocks (the
+    /// low nibbles channels 0–15, the high ones 16–31) or packed, and 1- to 3-bit codes without
     /// a table or through one.
-    pub const TABLE4: u8 = 1;
-    /// See [`TABLE4`].
-    pub const WINDOWS: u8 = 2;
-    /// See [`TABLE4`].
-    pub const WINDOWS_TABLE: u8 = 3;
+    pub const BLOCK_TABLE: u8 = 1;
+    /// See [`BLOCK_TABLE`].
+    pub const PACKED_TABLE: u8 = 2;
+    /// See [`BLOCK_TABLE`].
+    pub const WINDOWS: u8 = 3;
+    /// See [`BLOCK_TABLE`].
+    pub const WINDOWS_TABLE: u8 = 4;
 
     /// The [`Decoder`] kind of a format on the levels path.
     pub fn decoder_kind(plan: &Plan) -> u8 {
-        match (plan.format.code_bits(), plan.format.table.is_some()) {
-            (4, _) => TABLE4,
-            (_, false) => WINDOWS,
-            (_, true) => WINDOWS_TABLE,
+        let format = &plan.format;
+        match (format.code_bits(), format.table.is_some(), format.codes) {
+            (4, _, CodeLayout::Nibbles { .. }) => BLOCK_TABLE,
+            (4, _, CodeLayout::Packed { .. }) => PACKED_TABLE,
+            (_, false, _) => WINDOWS,
+            (_, true, _) => WINDOWS_TABLE,
         }
     }
 
@@ -541,8 +509,8 @@ mod kernels {
             }
         }
 
-        /// A row's pair of groups `p` as four vectors of 16 levels (lanes 0–7 the first group,
-        /// 8–15 the second; which positions: [`Plan::lane_channel`]), for codes of `KIND`.
+        /// A row's pair of groups `p` as four vectors of 16 levels (vector `j`, lane `8h + l`:
+        /// channel `64p + 32h + 8j + l`), for codes of `KIND`.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         pub unsafe fn pair<const KIND: u8>(&self, row: *const u8, p: usize) -> [__m256i; 4] {
@@ -551,7 +519,7 @@ mod kernels {
                 *self.groups_at.get_unchecked(2 * p),
                 *self.groups_at.get_unchecked(2 * p + 1),
             );
-            if KIND == TABLE4 {
+            if KIND == BLOCK_TABLE || KIND == PACKED_TABLE {
                 // Table levels, looked up by bytes and widened with their signs.
                 let mask = _mm256_set1_epi8(0x0f);
                 let low = _mm256_shuffle_epi8(self.table, _mm256_and_si256(v, mask));
@@ -559,14 +527,25 @@ mod kernels {
                     self.table,
                     _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
                 );
+                // Channels 0–15 and 16–31 of each group.
+                let (first, second) = if KIND == PACKED_TABLE {
+                    (
+                        _mm256_unpacklo_epi8(low, high),
+                        _mm256_unpackhi_epi8(low, high),
+                    )
+                } else {
+                    (low, high)
+                };
                 let zero = _mm256_setzero_si256();
-                let (low_signs, high_signs) =
-                    (_mm256_cmpgt_epi8(zero, low), _mm256_cmpgt_epi8(zero, high));
+                let (first_signs, second_signs) = (
+                    _mm256_cmpgt_epi8(zero, first),
+                    _mm256_cmpgt_epi8(zero, second),
+                );
                 return [
-                    _mm256_unpacklo_epi8(low, low_signs),
-                    _mm256_unpackhi_epi8(low, low_signs),
-                    _mm256_unpacklo_epi8(high, high_signs),
-                    _mm256_unpackhi_epi8(high, high_signs),
+                    _mm256_unpacklo_epi8(first, first_signs),
+                    _mm256_unpackhi_epi8(first, first_signs),
+                    _mm256_unpacklo_epi8(second, second_signs),
+                    _mm256_unpackhi_epi8(second, second_signs),
                 ];
             }
             let windows = self.windows.as_ptr().add(4 * p);
@@ -688,7 +667,8 @@ mod kernels {
         }
         match (plan.path, decoder_kind(plan)) {
             (Path::Nibbles, _) => by_maps!(NIBBLES),
-            (Path::Levels, TABLE4) => by_maps!(TABLE4),
+            (Path::Levels, BLOCK_TABLE) => by_maps!(BLOCK_TABLE),
+            (Path::Levels, PACKED_TABLE) => by_maps!(PACKED_TABLE),
             (Path::Levels, WINDOWS) => by_maps!(WINDOWS),
             (Path::Levels, _) => by_maps!(WINDOWS_TABLE),
         }
@@ -951,8 +931,8 @@ mod kernels {
     }
 
     /// Adds up to four heads' weighted sums of a tile's rows to `accs`: the rows' levels times
-    /// the [`Rounded`] weights summed in integers into `sums` (`width` slots per head, the
-    /// plan's `slot_of[c]` holding channel `c`), then scaled.
+    /// the [`Rounded`] weights summed in integers into `scratch`'s sums (`width` per head, in
+    /// channel order), then scaled.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn accumulate_rows(
         plan: &Plan,
@@ -967,7 +947,12 @@ mod kernels {
         let levels = &mut scratch.levels;
         match (plan.path, decoder_kind(plan)) {
             (Path::Nibbles, _) => sum_nibbles(plan, &rounded.weights, tile, sums),
-            (Path::Levels, TABLE4) => sum_levels::<TABLE4>(plan, &rounded, tile, sums, levels),
+            (Path::Levels, BLOCK_TABLE) => {
+                sum_levels::<BLOCK_TABLE>(plan, &rounded, tile, sums, levels)
+            }
+            (Path::Levels, PACKED_TABLE) => {
+                sum_levels::<PACKED_TABLE>(plan, &rounded, tile, sums, levels)
+            }
             (Path::Levels, WINDOWS) => sum_levels::<WINDOWS>(plan, &rounded, tile, sums, levels),
             (Path::Levels, _) => sum_levels::<WINDOWS_TABLE>(plan, &rounded, tile, sums, levels),
         }
@@ -979,8 +964,7 @@ mod kernels {
                 let step = _mm256_set1_ps(rounded.steps[h][m]);
                 let constant = _mm256_set1_ps(rounded.constants[h][m]);
                 for c in (first..first + channels).step_by(8) {
-                    let slots = _mm256_loadu_si256(plan.slot_of.as_ptr().add(c) as *const _);
-                    let sum = _mm256_cvtepi32_ps(_mm256_i32gather_epi32::<4>(sums, slots));
+                    let sum = _mm256_cvtepi32_ps(_mm256_loadu_si256(sums.add(c) as *const _));
                     let at = a.as_mut_ptr().add(c);
                     let value = _mm256_fmadd_ps(step, sum, constant);
                     _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), value));
@@ -1004,6 +988,7 @@ mod kernels {
         let (w, per_map) = (format.width, format.maps.channels / GROUP);
         sums[..HEADS * w].fill(0);
         let mask = _mm256_set1_epi8(0x0f);
+        let packed = matches!(format.codes, CodeLayout::Packed { .. });
         // Bytes `i` and `8 + i` of each lane side by side: two rows' codes of one channel.
         let interleave = _mm256_setr_epi8(
             0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12,
@@ -1036,14 +1021,35 @@ mod kernels {
                         acc[1] = _mm256_add_epi16(acc[1], _mm256_maddubs_epi16(high, wv));
                     }
                 }
-                for (h, acc) in acc.iter().enumerate() {
-                    for (s, &x) in acc.iter().enumerate() {
-                        let even = _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(x));
-                        let odd = _mm256_srai_epi32::<16>(x);
-                        for (k, part) in [even, odd].into_iter().enumerate() {
-                            let at = sums.as_mut_ptr().add(h * w + GROUP * g + 8 * (2 * s + k));
-                            let sum = _mm256_add_epi32(_mm256_loadu_si256(at as *const _), part);
-                            _mm256_storeu_si256(at as *mut _, sum);
+                for (h, &[low, high]) in acc.iter().enumerate() {
+                    // Lane `i` of `low` holds byte `i`'s low nibble, of `high` its high one:
+                    // channels `i` and `16 + i` in llama.cpp's blocks, `2i` and `2i + 1`
+                    // packed (then interleaved into channels 0–7, 16–23 and 8–15, 24–31).
+                    let (a, b) = if packed {
+                        let (a, b) = (
+                            _mm256_unpacklo_epi16(low, high),
+                            _mm256_unpackhi_epi16(low, high),
+                        );
+                        (
+                            _mm256_permute2x128_si256::<0x20>(a, b),
+                            _mm256_permute2x128_si256::<0x31>(a, b),
+                        )
+                    } else {
+                        (low, high)
+                    };
+                    let at = sums.as_mut_ptr().add(h * w + GROUP * g);
+                    for (k, x) in [a, b].into_iter().enumerate() {
+                        for (half, part) in
+                            [_mm256_castsi256_si128(x), _mm256_extracti128_si256::<1>(x)]
+                                .into_iter()
+                                .enumerate()
+                        {
+                            let at = at.add(16 * k + 8 * half) as *mut __m256i;
+                            let sum = _mm256_add_epi32(
+                                _mm256_loadu_si256(at),
+                                _mm256_cvtepi16_epi32(part),
+                            );
+                            _mm256_storeu_si256(at, sum);
                         }
                     }
                 }
@@ -1117,10 +1123,14 @@ mod kernels {
                         acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(high, weights));
                     }
                 }
-                for (h, acc) in acc.iter().enumerate() {
-                    let at = sums.as_mut_ptr().add(h * w + 16 * v);
-                    _mm256_storeu_si256(at as *mut _, acc[0]);
-                    _mm256_storeu_si256(at.add(8) as *mut _, acc[1]);
+                // Lanes 0–3 of `acc[0]`, then of `acc[1]`: the first group's channels
+                // `8j…8j + 7`; lanes 4–7: the second group's.
+                for (h, &[low, high]) in acc.iter().enumerate() {
+                    let at = sums.as_mut_ptr().add(h * w + 2 * GROUP * p + 8 * j);
+                    let first = _mm256_permute2x128_si256::<0x20>(low, high);
+                    let second = _mm256_permute2x128_si256::<0x31>(low, high);
+                    _mm256_storeu_si256(at as *mut _, first);
+                    _mm256_storeu_si256(at.add(GROUP) as *mut _, second);
                 }
             }
         }
