@@ -89,6 +89,9 @@ struct Plan {
     groups_at: Vec<usize>,
     /// Byte offset within a row of each map word.
     words_at: Vec<usize>,
+    /// Where all map words lie within 16 bytes of a row: the offset of those bytes, and the
+    /// `vpshufb` indices that put the words in order (the rest zero).
+    words_window: Option<(usize, [u8; 16])>,
     /// Levels from 1- to 3-bit codes: per pair of groups and vector, the `vpshufb` indices that
     /// put each lane's two bytes (the second `0x80` where the code lies in the first) in place.
     windows: Vec<[u8; 32]>,
@@ -128,13 +131,27 @@ impl Plan {
                 }
             }
         }
+        let words_at: Vec<usize> = (0..format.map_words())
+            .map(|k| format.map_word_at(k))
+            .collect();
+        let first_word = words_at.iter().copied().min().unwrap_or(0);
+        let words_window = (format.row_bytes >= 16)
+            .then(|| first_word.min(format.row_bytes - 16))
+            .filter(|&from| words_at.iter().all(|&at| at + 2 <= from + 16))
+            .map(|from| {
+                let mut indices = [0x80u8; 16];
+                for (k, &at) in words_at.iter().enumerate() {
+                    indices[2 * k] = (at - from) as u8;
+                    indices[2 * k + 1] = (at - from + 1) as u8;
+                }
+                (from, indices)
+            });
         Self {
             format: *format,
             path,
             groups_at: (0..groups).map(load_at).collect(),
-            words_at: (0..format.map_words())
-                .map(|k| format.map_word_at(k))
-                .collect(),
+            words_at,
+            words_window,
             windows,
         }
     }
@@ -202,17 +219,22 @@ fn for_each_tile<S>(
         for (i, rows) in blocks.chunks(TILE_ROWS * format.row_bytes).enumerate() {
             let n = rows.len() / format.row_bytes;
             ahead.rows(n);
-            for (row, words) in rows
-                .chunks_exact(format.row_bytes)
-                .zip(words.chunks_exact_mut(MAP_WORDS))
-            {
-                for (w, &at) in words.iter_mut().zip(&plan.words_at) {
-                    *w = u16::from_le_bytes([row[at], row[at + 1]]);
+            if let Some((from, indices)) = &plan.words_window {
+                // SAFETY: `takes` checked the CPU; each row holds its 16 bytes from `from`.
+                unsafe { kernels::window_maps(rows, format, *from, indices, maps, unit) };
+            } else {
+                for (row, words) in rows
+                    .chunks_exact(format.row_bytes)
+                    .zip(words.chunks_exact_mut(MAP_WORDS))
+                {
+                    for (w, &at) in words.iter_mut().zip(&plan.words_at) {
+                        *w = u16::from_le_bytes([row[at], row[at + 1]]);
+                    }
                 }
+                words[n * MAP_WORDS..].fill(0);
+                // SAFETY: `takes` checked the CPU; both hold whole tiles.
+                unsafe { kernels::decode_maps(words, maps, format.maps(), unit) };
             }
-            words[n * MAP_WORDS..].fill(0);
-            // SAFETY: `takes` checked the CPU; both hold whole tiles.
-            unsafe { kernels::decode_maps(words, maps, format.maps(), unit) };
             let first = i * TILE_ROWS;
             tile(&mut state, plan, queries, sums, Tile { first, rows, maps });
         }
@@ -299,7 +321,7 @@ pub fn accumulate_group(
 #[cfg(target_arch = "x86_64")]
 mod kernels {
     use super::{Path, Plan, Tile, GROUP, HEADS, QUERY_MAP, TILE_ROWS};
-    use crate::levels::{CodeLayout, MAP_WORDS};
+    use crate::levels::{CodeLayout, LevelFormat, MAP_WORDS};
     use std::arch::x86_64::*;
 
     /// Pairs of groups of 32 channels at most ([`crate::levels::LevelFormat::supported`]: 512
@@ -410,12 +432,7 @@ mod kernels {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn decode_maps(words: &[u16], maps: &mut [f32], scales: usize, unit: f32) {
         const { assert!(MAP_WORDS == 8) };
-        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        let units = _mm256_blendv_ps(
-            _mm256_set1_ps(1.0),
-            _mm256_set1_ps(unit),
-            _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(scales as i32), lanes)),
-        );
+        let units = scale_units(scales, unit);
         for (w, m) in words.chunks_exact(8).zip(maps.chunks_exact_mut(8)) {
             let halves = _mm_loadu_si128(w.as_ptr() as *const _);
             _mm256_storeu_ps(
@@ -423,6 +440,44 @@ mod kernels {
                 _mm256_mul_ps(_mm256_cvtph_ps(halves), units),
             );
         }
+    }
+
+    /// [`decode_maps`] straight from the rows, whose map words lie in the 16 bytes from
+    /// `from` (`indices` put them in order); rows past the tile's end 0.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn window_maps(
+        rows: &[u8],
+        format: &LevelFormat,
+        from: usize,
+        indices: &[u8; 16],
+        maps: &mut [f32],
+        unit: f32,
+    ) {
+        const { assert!(MAP_WORDS == 8) };
+        let n = rows.len() / format.row_bytes;
+        let units = scale_units(format.maps(), unit);
+        let indices = _mm_loadu_si128(indices.as_ptr() as *const _);
+        for (t, m) in maps.chunks_exact_mut(MAP_WORDS).enumerate().take(n) {
+            let bytes = _mm_loadu_si128(rows.as_ptr().add(t * format.row_bytes + from) as *const _);
+            let halves = _mm_shuffle_epi8(bytes, indices);
+            _mm256_storeu_ps(
+                m.as_mut_ptr(),
+                _mm256_mul_ps(_mm256_cvtph_ps(halves), units),
+            );
+        }
+        maps[n * MAP_WORDS..].fill(0.0);
+    }
+
+    /// `unit` in the lanes of a row's first `scales` map words, 1 in the others.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scale_units(scales: usize, unit: f32) -> __m256 {
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_blendv_ps(
+            _mm256_set1_ps(1.0),
+            _mm256_set1_ps(unit),
+            _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(scales as i32), lanes)),
+        )
     }
 
     /// The 16 bytes at `a` in the low lane and at `b` in the high one.
