@@ -308,7 +308,9 @@ pub fn score_segments(
 
 /// For runs of `widths` channels, the query slots each reads from the end of a prepared query:
 /// its own ([`query_slots`]) and those of the runs after it ([`finish_segment_query`]'s order).
-fn run_slots(widths: impl Iterator<Item = usize> + Clone) -> impl Iterator<Item = usize> {
+pub(crate) fn run_slots(
+    widths: impl Iterator<Item = usize> + Clone,
+) -> impl Iterator<Item = usize> {
     let mut left: usize = widths.clone().map(query_slots).sum();
     widths.map(move |width| {
         let slots = left;

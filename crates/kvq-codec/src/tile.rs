@@ -66,6 +66,11 @@ fn avx2_format<C: Codec + ?Sized>(codec: &C) -> Option<crate::levels::LevelForma
     codec.level_format().filter(crate::levels::avx2::takes)
 }
 
+/// Whether the AVX2 integer kernels take every run of the codec's level segments.
+fn avx2_segments<C: Codec + ?Sized>(codec: &C) -> bool {
+    crate::levels::avx2::takes_segments(codec.level_segments())
+}
+
 /// [`Codec::score_group`] through decoded tiles.
 pub fn score_group<C: Codec + ?Sized>(
     codec: &C,
@@ -82,6 +87,10 @@ pub fn score_group<C: Codec + ?Sized>(
     }
     if let Some(format) = avx2_format(codec) {
         return crate::levels::avx2::score_group(&format, queries, blocks, scores, ahead);
+    }
+    if avx2_segments(codec) {
+        let runs = codec.level_segments();
+        return crate::levels::avx2::score_segments(runs, queries, blocks, scores, ahead);
     }
     if let Some(layout) = codec
         .channel_blocks()
@@ -129,6 +138,10 @@ pub fn accumulate_group<C: Codec + ?Sized>(
     }
     if let Some(format) = avx2_format(codec) {
         return crate::levels::avx2::accumulate_group(&format, weights, blocks, accs, ahead);
+    }
+    if avx2_segments(codec) {
+        let runs = codec.level_segments();
+        return crate::levels::avx2::accumulate_segments(runs, weights, blocks, accs, ahead);
     }
     if let Some(format) = codec.row_format() {
         let mut accs: Vec<&mut [f32]> = accs

@@ -417,13 +417,13 @@ fn group_kernels_equal_one_head() {
                     .level_format()
                     .filter(|f| f.supported())
                     .map(|format| kvq_codec::levels::LevelSegment { first: 0, format });
+                let avx2 = |runs| kvq_codec::levels::avx2::takes_segments(runs);
                 let runs = match &single {
-                    Some(run) if kvq_codec::levels::avx2::takes(&run.format) => {
+                    Some(run) if available || avx2(std::slice::from_ref(run)) => {
                         std::slice::from_ref(run)
                     }
-                    _ if !available => &[],
-                    Some(run) => std::slice::from_ref(run),
-                    None => codec.level_segments(),
+                    None if available || avx2(codec.level_segments()) => codec.level_segments(),
+                    _ => &[],
                 };
                 let run_of = |c: usize| {
                     runs.iter()

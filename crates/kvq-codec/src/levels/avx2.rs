@@ -23,7 +23,7 @@
 //!   lane; 8 row pairs of nibbles fit 16 bits (`8·2·15·127 < 2¹⁵`) before the lanes widen to
 //!   32 bits, levels sum in 32 bits from the start.
 
-use super::{CodeLayout, LevelFormat, GROUP, MAP_WORDS, QUERY_MAP, TILE_ROWS};
+use super::{CodeLayout, LevelFormat, LevelSegment, GROUP, MAP_WORDS, QUERY_MAP, TILE_ROWS};
 use crate::simd::Ahead;
 use std::cell::RefCell;
 
@@ -251,10 +251,45 @@ pub fn score_group(
     scores: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
+    let slots = super::query_slots(format.width);
+    score_run(format, slots, false, queries, blocks, scores, ahead);
+}
+
+/// Whether these kernels take every run of `segments` ([`takes`]).
+pub fn takes_segments(segments: &[LevelSegment]) -> bool {
+    !segments.is_empty() && segments.iter().all(|s| takes(&s.format))
+}
+
+/// [`super::score_segments`] with these kernels: each run scored against its slots of the
+/// prepared queries, the first stored, the others added.
+pub fn score_segments(
+    segments: &[LevelSegment],
+    queries: &[&[f32]],
+    blocks: &[u8],
+    scores: &mut [&mut [f32]],
+    ahead: &mut Ahead,
+) {
+    let slots = super::run_slots(segments.iter().map(|s| s.format.width));
+    for (k, (s, slots)) in segments.iter().zip(slots).enumerate() {
+        score_run(&s.format, slots, k > 0, queries, blocks, scores, ahead);
+    }
+}
+
+/// Scores of one run of levels whose query slots begin `slots` values before each prepared
+/// query's end, stored or (`add`) added.
+fn score_run(
+    format: &LevelFormat,
+    slots: usize,
+    add: bool,
+    queries: &[&[f32]],
+    blocks: &[u8],
+    scores: &mut [&mut [f32]],
+    ahead: &mut Ahead,
+) {
     let rows = blocks.len() / format.row_bytes;
     assert!(queries.len() == scores.len() && scores.iter().all(|s| s.len() >= rows));
-    let slots = super::query_slots(format.width);
-    assert!(queries.iter().all(|q| q.len() >= format.width + slots));
+    assert!(queries.iter().all(|q| q.len() >= format.width / 4 + slots));
+    assert!(slots >= super::query_slots(format.width));
     #[cfg(target_arch = "x86_64")]
     for_each_tile(
         format,
@@ -281,7 +316,7 @@ pub fn score_group(
                 }
                 // SAFETY: as above; every row holds its codes (`supported`), and each of `out`
                 // takes `n` values.
-                unsafe { kernels::score_rows(plan, q, &tile, out) };
+                unsafe { kernels::score_rows(plan, q, &tile, out, add) };
             }
         },
     );
@@ -295,9 +330,34 @@ pub fn accumulate_group(
     accs: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
+    accumulate_run(format, 0, weights, blocks, accs, ahead);
+}
+
+/// [`super::accumulate_segments`] with these kernels: each run adds into its channels.
+pub fn accumulate_segments(
+    segments: &[LevelSegment],
+    weights: &[&[f32]],
+    blocks: &[u8],
+    accs: &mut [&mut [f32]],
+    ahead: &mut Ahead,
+) {
+    for s in segments {
+        accumulate_run(&s.format, s.first, weights, blocks, accs, ahead);
+    }
+}
+
+/// Sums of one run of levels added into channels `first…` of `accs`.
+fn accumulate_run(
+    format: &LevelFormat,
+    first: usize,
+    weights: &[&[f32]],
+    blocks: &[u8],
+    accs: &mut [&mut [f32]],
+    ahead: &mut Ahead,
+) {
     let rows = blocks.len() / format.row_bytes;
     assert!(weights.len() == accs.len() && weights.iter().all(|w| w.len() >= rows));
-    assert!(accs.iter().all(|a| a.len() >= format.width));
+    assert!(accs.iter().all(|a| a.len() >= first + format.width));
     #[cfg(target_arch = "x86_64")]
     for_each_tile(
         format,
@@ -312,7 +372,7 @@ pub fn accumulate_group(
                 });
                 // SAFETY: `takes` (asserted by `for_each_tile`) checked the CPU; every row
                 // holds its codes (`supported`).
-                unsafe { kernels::accumulate_rows(plan, &w[..a.len()], &tile, sums, a) };
+                unsafe { kernels::accumulate_rows(plan, &w[..a.len()], &tile, sums, a, first) };
             }
         },
     );
@@ -673,40 +733,52 @@ mod kernels {
         _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]))
     }
 
-    /// Writes `scores[t]`'s lane `h` to `out[h][t]` for the first `n` rows, four rows at a
-    /// time through a transpose.
+    /// Writes (or, `add`, adds) `scores[t]`'s lane `h` to `out[h][t]` for the first `n` rows,
+    /// four rows at a time through a transpose.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn store_heads(scores: &[__m128], n: usize, out: &[*mut f32; HEADS]) {
+    unsafe fn store_heads(scores: &[__m128], n: usize, out: &[*mut f32; HEADS], add: bool) {
         let whole = n / 4 * 4;
         for t in (0..whole).step_by(4) {
             let [mut a, mut b, mut c, mut d] =
                 [scores[t], scores[t + 1], scores[t + 2], scores[t + 3]];
             _MM_TRANSPOSE4_PS(&mut a, &mut b, &mut c, &mut d);
             for (o, v) in out.iter().zip([a, b, c, d]) {
+                let v = if add {
+                    _mm_add_ps(_mm_loadu_ps(o.add(t)), v)
+                } else {
+                    v
+                };
                 _mm_storeu_ps(o.add(t), v);
             }
         }
         for (t, s) in scores.iter().enumerate().take(n).skip(whole) {
             let lanes: [f32; HEADS] = std::mem::transmute(*s);
             for (o, x) in out.iter().zip(lanes) {
-                *o.add(t) = x;
+                *o.add(t) = if add { *o.add(t) + x } else { x };
             }
         }
     }
 
-    /// Scores of up to four heads for each of a tile's rows into `out[h][t]`.
+    /// Scores of up to four heads for each of a tile's rows into `out[h][t]`, stored or
+    /// (`add`) added.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn score_rows(plan: &Plan, q: &Queries, tile: &Tile, out: [*mut f32; HEADS]) {
+    pub unsafe fn score_rows(
+        plan: &Plan,
+        q: &Queries,
+        tile: &Tile,
+        out: [*mut f32; HEADS],
+        add: bool,
+    ) {
         let format = &plan.format;
         let one_map = format.maps.channels >= format.width;
         macro_rules! by_pairs {
             ($kind:expr, $one:literal, $min:literal) => {
                 match format.width / (2 * GROUP) {
-                    1 => score_rows_as::<{ $kind }, $one, $min, 1>(plan, q, tile, out),
-                    2 => score_rows_as::<{ $kind }, $one, $min, 2>(plan, q, tile, out),
-                    4 => score_rows_as::<{ $kind }, $one, $min, 4>(plan, q, tile, out),
-                    _ => score_rows_as::<{ $kind }, $one, $min, 0>(plan, q, tile, out),
+                    1 => score_rows_as::<{ $kind }, $one, $min, 1>(plan, q, tile, out, add),
+                    2 => score_rows_as::<{ $kind }, $one, $min, 2>(plan, q, tile, out, add),
+                    4 => score_rows_as::<{ $kind }, $one, $min, 4>(plan, q, tile, out, add),
+                    _ => score_rows_as::<{ $kind }, $one, $min, 0>(plan, q, tile, out, add),
                 }
             };
         }
@@ -750,6 +822,7 @@ mod kernels {
         q: &Queries,
         tile: &Tile,
         out: [*mut f32; HEADS],
+        add: bool,
     ) {
         let (format, groups_at, rows, maps) =
             (&plan.format, &plan.groups_at[..], tile.rows, tile.maps);
@@ -835,7 +908,7 @@ mod kernels {
                 )
             };
         }
-        store_heads(&scores, n, &out);
+        store_heads(&scores, n, &out, add);
     }
 
     /// The sum of `v`'s lanes.
@@ -985,7 +1058,8 @@ mod kernels {
         }
     }
 
-    /// Adds up to four heads' weighted sums of a tile's rows to `accs`: the rows' levels times
+    /// Adds up to four heads' weighted sums of a tile's rows to channels `first…` of `accs`:
+    /// the rows' levels times
     /// the [`Rounded`] weights summed in integers into `scratch`'s sums (`width` per head, in
     /// channel order), then scaled.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -995,6 +1069,7 @@ mod kernels {
         tile: &Tile,
         scratch: &mut Sums,
         accs: &mut [&mut [f32]],
+        first: usize,
     ) {
         let format = &plan.format;
         let rounded = round_weights(plan, weights, tile);
@@ -1014,11 +1089,11 @@ mod kernels {
         // acc[c] += step·sum + constant, 8 channels at a time.
         let (w, channels) = (format.width, format.maps.channels);
         for (h, a) in accs.iter_mut().enumerate().take(weights.len()) {
-            let sums = sums.as_ptr().add(h * w);
-            for (m, first) in (0..w).step_by(channels).enumerate() {
+            let (sums, a) = (sums.as_ptr().add(h * w), &mut a[first..first + w]);
+            for (m, from) in (0..w).step_by(channels).enumerate() {
                 let step = _mm256_set1_ps(rounded.steps[h][m]);
                 let constant = _mm256_set1_ps(rounded.constants[h][m]);
-                for c in (first..first + channels).step_by(8) {
+                for c in (from..from + channels).step_by(8) {
                     let sum = _mm256_cvtepi32_ps(_mm256_loadu_si256(sums.add(c) as *const _));
                     let at = a.as_mut_ptr().add(c);
                     let value = _mm256_fmadd_ps(step, sum, constant);
