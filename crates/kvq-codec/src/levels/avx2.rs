@@ -1,13 +1,14 @@
 //! The integer group kernels for CPUs with AVX2 but without the AVX-512 kernels' instructions
 //! (AVX2-only x86, AVX-512 without VNNI/VBMI), for every level format the AVX-512 kernels take
-//! but 5-bit codes, in the row layout. Two paths:
+//! in the row layout, and runs of them ([`score_segments`]). Two paths:
 //!
 //! * **Nibbles** (4-bit codes without a table: `q4_0`, `q4_1`, `int4-g*`): `vpmaddubsw`
 //!   multiplies 32 u8 codes by i8 values into 16-bit pair sums.
-//! * **Levels** (1- to 3-bit codes, and 4-bit codes through a table: `int3-g*`, `int2-g*`,
-//!   `iq4_nl`, `turbo2`–`turbo4`): each row's codes are decoded to 16-bit levels less the
-//!   format's center (bit windows by `vpshufb`, shifted by a `vpmullw`, or a table looked up by
-//!   `vpshufb`), and `vpmaddwd` multiplies 16 of them at a time. A table's levels reach 255,
+//! * **Levels** (1- to 3-bit codes, 4-bit codes through a table and 5-bit codes: `int3-g*`,
+//!   `int2-g*`, `iq4_nl`, `turbo2`–`turbo4`, `q5_0`, `q5_1`, TurboQuant's runs): each row's
+//!   codes are decoded to 16-bit levels less the format's center (bit windows by `vpshufb`,
+//!   shifted by a `vpmullw`; a table looked up by `vpshufb`; fifth bits spread by `vpshufb` and
+//!   compared), and `vpmaddwd` multiplies 16 of them at a time. A table's levels reach 255,
 //!   where `vpmaddubsw`'s 16-bit pair sums would saturate.
 //!
 //! They compute what the AVX-512 kernels compute, with the same roundings (the parent module's
@@ -40,8 +41,8 @@ pub fn available() -> bool {
 }
 
 /// Whether these kernels take `format` on this thread: [`available`], and a format the AVX-512
-/// kernels support whose codes are not 5-bit, whose center is a whole level (128 for a table),
-/// and, for 1- to 3-bit codes, whose rows hold at least 16 bytes.
+/// kernels support whose center is a whole level (128 for a table) and, for 1- to 3-bit codes,
+/// whose rows hold at least 16 bytes.
 pub fn takes(format: &LevelFormat) -> bool {
     available() && format.supported() && path(format).is_some()
 }
@@ -63,15 +64,8 @@ fn path(format: &LevelFormat) -> Option<Path> {
         .table
         .is_none_or(|_| center == 128.0 && format.maps.min_at.is_none());
     match (format.codes, format.table) {
-        (
-            CodeLayout::Nibbles {
-                high_at: Some(_), ..
-            },
-            _,
-        ) => None,
-        (CodeLayout::Nibbles { .. }, None) | (CodeLayout::Packed { bits: 4, .. }, None) => {
-            Some(Path::Nibbles)
-        }
+        (CodeLayout::Nibbles { high_at: None, .. }, None)
+        | (CodeLayout::Packed { bits: 4, .. }, None) => Some(Path::Nibbles),
         (CodeLayout::Packed { bits, .. }, _) if bits < 4 && format.row_bytes < 16 => None,
         _ => (whole_center && table_fits).then_some(Path::Levels),
     }
@@ -92,6 +86,8 @@ struct Plan {
     /// Where all map words lie within 16 bytes of a row: the offset of those bytes, and the
     /// `vpshufb` indices that put the words in order (the rest zero).
     words_window: Option<(usize, [u8; 16])>,
+    /// 5-bit codes: per group, the byte offset within a row of its fifth bits.
+    fifths_at: Vec<usize>,
     /// Levels from 1- to 3-bit codes: per pair of groups and vector, the `vpshufb` indices that
     /// put each lane's two bytes (the second `0x80` where the code lies in the first) in place.
     windows: Vec<[u8; 32]>,
@@ -102,10 +98,11 @@ impl Plan {
         let path = path(format).expect("a format the kernels take");
         let groups = format.width / GROUP;
         let bits = format.code_bits() as usize;
-        // Where each group's codes begin, and the 16 bytes loaded for them.
-        let code_at = |g: usize| format.stream_byte(GROUP * bits / 8 * g);
+        // Where each group's codes (5-bit codes: their nibbles) begin, and the 16 bytes loaded
+        // for them.
+        let code_at = |g: usize| format.stream_byte(GROUP * bits.min(4) / 8 * g);
         let load_at = |g: usize| {
-            if bits == 4 {
+            if bits >= 4 {
                 code_at(g)
             } else {
                 code_at(g).min(format.row_bytes - 16)
@@ -146,9 +143,18 @@ impl Plan {
                 }
                 (from, indices)
             });
+        let fifths_at = match format.codes {
+            CodeLayout::Nibbles {
+                block_bytes,
+                high_at: Some(high_at),
+                ..
+            } => (0..groups).map(|g| block_bytes * g + high_at).collect(),
+            _ => Vec::new(),
+        };
         Self {
             format: *format,
             path,
+            fifths_at,
             groups_at: (0..groups).map(load_at).collect(),
             words_at,
             words_window,
@@ -574,11 +580,15 @@ mod kernels {
     pub const WINDOWS: u8 = 3;
     /// See [`BLOCK_TABLE`].
     pub const WINDOWS_TABLE: u8 = 4;
+    /// 5-bit codes in llama.cpp's blocks: the nibbles as [`BLOCK_TABLE`]'s, bit `j` of the
+    /// block's 32-bit word of fifth bits channel `j`'s.
+    pub const BLOCK5: u8 = 5;
 
     /// The [`Decoder`] kind of a format on the levels path.
     pub fn decoder_kind(plan: &Plan) -> u8 {
         let format = &plan.format;
         match (format.code_bits(), format.table.is_some(), format.codes) {
+            (5, _, _) => BLOCK5,
             (4, _, CodeLayout::Nibbles { .. }) => BLOCK_TABLE,
             (4, _, CodeLayout::Packed { .. }) => PACKED_TABLE,
             (_, false, _) => WINDOWS,
@@ -590,6 +600,7 @@ mod kernels {
     #[derive(Clone, Copy)]
     pub struct Decoder<'a> {
         groups_at: &'a [usize],
+        fifths_at: &'a [usize],
         /// 1- to 3-bit codes: per pair and vector, the lanes' `vpshufb` windows.
         windows: &'a [[u8; 32]],
         /// Per lane, `2^(8 − shift)` (the code's bit within its window).
@@ -616,6 +627,7 @@ mod kernels {
             };
             Self {
                 groups_at: &plan.groups_at,
+                fifths_at: &plan.fifths_at,
                 windows: &plan.windows,
                 shifts: _mm256_loadu_si256(shifts.as_ptr() as *const _),
                 mask: _mm256_set1_epi16((1 << bits) - 1),
@@ -634,6 +646,51 @@ mod kernels {
                 *self.groups_at.get_unchecked(2 * p),
                 *self.groups_at.get_unchecked(2 * p + 1),
             );
+            if KIND == BLOCK5 {
+                // The nibbles (channels 0–15, 16–31 of each group), then each channel's fifth
+                // bit: its byte of the group's word spread to the channel's lane, tested.
+                let mask = _mm256_set1_epi8(0x0f);
+                let fifths = |g: usize| {
+                    let at = *self.fifths_at.get_unchecked(g);
+                    _mm_set1_epi32((row.add(at) as *const i32).read_unaligned())
+                };
+                let words = _mm256_inserti128_si256::<1>(
+                    _mm256_castsi128_si256(fifths(2 * p)),
+                    fifths(2 * p + 1),
+                );
+                let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                let fifth = |bytes: __m256i| {
+                    let spread = _mm256_shuffle_epi8(words, bytes);
+                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
+                    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+                };
+                let low = _mm256_or_si256(
+                    _mm256_and_si256(v, mask),
+                    fifth(_mm256_setr_epi64x(
+                        0,
+                        0x0101_0101_0101_0101,
+                        0,
+                        0x0101_0101_0101_0101,
+                    )),
+                );
+                let high = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
+                    fifth(_mm256_setr_epi64x(
+                        0x0202_0202_0202_0202,
+                        0x0303_0303_0303_0303,
+                        0x0202_0202_0202_0202,
+                        0x0303_0303_0303_0303,
+                    )),
+                );
+                let zero = _mm256_setzero_si256();
+                return [
+                    _mm256_unpacklo_epi8(low, zero),
+                    _mm256_unpackhi_epi8(low, zero),
+                    _mm256_unpacklo_epi8(high, zero),
+                    _mm256_unpackhi_epi8(high, zero),
+                ]
+                .map(|x| _mm256_sub_epi16(x, self.center));
+            }
             if KIND == BLOCK_TABLE || KIND == PACKED_TABLE {
                 // Table levels, looked up by bytes and widened with their signs.
                 let mask = _mm256_set1_epi8(0x0f);
@@ -794,6 +851,7 @@ mod kernels {
         }
         match (plan.path, decoder_kind(plan)) {
             (Path::Nibbles, _) => by_maps!(NIBBLES),
+            (Path::Levels, BLOCK5) => by_maps!(BLOCK5),
             (Path::Levels, BLOCK_TABLE) => by_maps!(BLOCK_TABLE),
             (Path::Levels, PACKED_TABLE) => by_maps!(PACKED_TABLE),
             (Path::Levels, WINDOWS) => by_maps!(WINDOWS),
@@ -1077,6 +1135,7 @@ mod kernels {
         let levels = &mut scratch.levels;
         match (plan.path, decoder_kind(plan)) {
             (Path::Nibbles, _) => sum_nibbles(plan, &rounded.weights, tile, sums),
+            (Path::Levels, BLOCK5) => sum_levels::<BLOCK5>(plan, &rounded, tile, sums, levels),
             (Path::Levels, BLOCK_TABLE) => {
                 sum_levels::<BLOCK_TABLE>(plan, &rounded, tile, sums, levels)
             }
