@@ -2909,10 +2909,12 @@ mod tests {
     /// the exact dot with the decoded keys.
     #[test]
     fn channel_block_scores_match_the_plain_algorithm_and_the_rounding_bound() {
-        if !available() {
-            eprintln!("no AVX-512 VNNI/VBMI here: the integer kernels are not used");
-            return;
+        for (kernels, isa) in integer_kernel_limits() {
+            with_isa_limit(isa, || channel_block_scores_match(kernels));
         }
+    }
+
+    fn channel_block_scores_match(kernels: &str) {
         let mut rng = ChaCha8Rng::seed_from_u64(12);
         let mut checked = 0;
         for name in ["kivi4", "kivi2", "kivi4-g128", "kivi2-g64"] {
@@ -2936,7 +2938,13 @@ mod tests {
                 let refs: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
                 let mut scores = vec![vec![0f32; rows]; heads];
                 let mut outs: Vec<&mut [f32]> = scores.iter_mut().map(Vec::as_mut_slice).collect();
-                score_channel_blocks(&layout, &refs, &bytes, &mut outs, &mut Ahead::none());
+                let score = if available() {
+                    score_channel_blocks
+                } else {
+                    assert!(avx2::takes_channel_blocks(&layout), "{kernels}: {name}");
+                    avx2::score_channel_blocks
+                };
+                score(&layout, &refs, &bytes, &mut outs, &mut Ahead::none());
                 let center = f64::from(layout.rows().center());
                 for (b, block) in bytes.chunks_exact(layout.block_bytes()).enumerate() {
                     let f16_at = |at: usize| {

@@ -98,6 +98,12 @@ pub fn score_group<C: Codec + ?Sized>(
     {
         return crate::levels::score_channel_blocks(&layout, queries, blocks, scores, ahead);
     }
+    if let Some(layout) = codec
+        .channel_blocks()
+        .filter(crate::levels::avx2::takes_channel_blocks)
+    {
+        return crate::levels::avx2::score_channel_blocks(&layout, queries, blocks, scores, ahead);
+    }
     if let Some(format) = codec.row_format() {
         // The rows' values only (a prepared query may carry more, for the codec's own kernels).
         let queries: Vec<&[f32]> = queries.iter().map(|q| &q[..codec.head_dim()]).collect();

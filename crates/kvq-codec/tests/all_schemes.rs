@@ -410,7 +410,9 @@ fn group_kernels_equal_one_head() {
                 // The integer kernels round the query and the weights to i8 (kvq_codec::levels):
                 // their results are within the rounding bounds of the exact ones.
                 let available = kvq_codec::levels::available();
-                let channel = codec.channel_blocks().filter(|_| available);
+                let channel = codec
+                    .channel_blocks()
+                    .filter(|l| available || kvq_codec::levels::avx2::takes_channel_blocks(l));
                 // Runs of levels (a level format is one run from channel 0): each run's bound
                 // on its channels.
                 let single = codec

@@ -24,7 +24,9 @@
 //!   lane; 8 row pairs of nibbles fit 16 bits (`8·2·15·127 < 2¹⁵`) before the lanes widen to
 //!   32 bits, levels sum in 32 bits from the start.
 
-use super::{CodeLayout, LevelFormat, LevelSegment, GROUP, MAP_WORDS, QUERY_MAP, TILE_ROWS};
+use super::{
+    ChannelBlocks, CodeLayout, LevelFormat, LevelSegment, GROUP, MAP_WORDS, QUERY_MAP, TILE_ROWS,
+};
 use crate::simd::Ahead;
 use std::cell::RefCell;
 
@@ -322,7 +324,7 @@ fn score_run(
                 }
                 // SAFETY: as above; every row holds its codes (`supported`), and each of `out`
                 // takes `n` values.
-                unsafe { kernels::score_rows(plan, q, &tile, out, add) };
+                unsafe { kernels::score_rows(plan, q, &tile, out, add, false) };
             }
         },
     );
@@ -384,6 +386,74 @@ fn accumulate_run(
     );
 }
 
+/// Whether these kernels take KIVI's key blocks `layout` ([`super::ChannelBlocks`]): rows one
+/// after another whose format they take.
+pub fn takes_channel_blocks(layout: &ChannelBlocks) -> bool {
+    !layout.interleaved && layout.supported() && takes(&layout.rows())
+}
+
+/// [`super::score_channel_blocks`] with these kernels: per block and four heads, the queries
+/// times the block's channel scales rounded to i8 per group (as the AVX-512 kernels round
+/// them), the rows scored under unit maps, and each head's bias `Σ_c q_c·(minimum_c +
+/// scale_c·center)` added.
+pub fn score_channel_blocks(
+    layout: &ChannelBlocks,
+    queries: &[&[f32]],
+    blocks: &[u8],
+    scores: &mut [&mut [f32]],
+    ahead: &mut Ahead,
+) {
+    assert!(takes_channel_blocks(layout));
+    let (format, header) = (layout.rows(), layout.header_bytes());
+    assert!(queries.iter().all(|q| q.len() >= format.width));
+    assert!(scores
+        .iter()
+        .all(|s| s.len() * layout.block_bytes() >= blocks.len() * layout.tokens));
+    #[cfg(target_arch = "x86_64")]
+    SCRATCH.with(|scratch| {
+        let Scratch {
+            plans,
+            queries: prepared,
+            ..
+        } = &mut *scratch.borrow_mut();
+        let at = super::cached(plans, |p| p.format == format, || Plan::new(&format));
+        let plan = &plans[at];
+        prepared.clear();
+        prepared.resize(queries.len().div_ceil(HEADS), kernels::Queries::zero());
+        // Every row's map: scale 1, no minimum (the block's maps are in the queries).
+        let maps: [f32; TILE_ROWS * MAP_WORDS] =
+            std::array::from_fn(|i| if i % MAP_WORDS == 0 { 1.0 } else { 0.0 });
+        let mut sink = [0f32; TILE_ROWS];
+        for (b, block) in blocks.chunks_exact(layout.block_bytes()).enumerate() {
+            let (block_maps, rows) = block.split_at(header);
+            ahead.rows(layout.tokens);
+            for ((c, chunk), q) in queries.chunks(HEADS).enumerate().zip(prepared.iter_mut()) {
+                // SAFETY: `takes` checked the CPU; the maps hold `width` pairs, each query
+                // `width` values.
+                let biases = unsafe { q.fill_block(plan, chunk, block_maps) };
+                for (i, rows) in rows.chunks(TILE_ROWS * format.row_bytes).enumerate() {
+                    let first = b * layout.tokens + i * TILE_ROWS;
+                    let n = rows.len() / format.row_bytes;
+                    let mut out = [sink.as_mut_ptr(); HEADS];
+                    for (o, s) in out.iter_mut().zip(&mut scores[c * HEADS..]) {
+                        *o = s[first..first + n].as_mut_ptr();
+                    }
+                    let tile = Tile {
+                        first,
+                        rows,
+                        maps: &maps,
+                    };
+                    // SAFETY: as above; each of `out` takes `n` values.
+                    unsafe { kernels::score_rows(plan, q, &tile, out, false, true) };
+                    for (s, bias) in scores[c * HEADS..].iter_mut().zip(biases) {
+                        s[first..first + n].iter_mut().for_each(|x| *x += bias);
+                    }
+                }
+            }
+        }
+    });
+}
+
 #[cfg(target_arch = "x86_64")]
 mod kernels {
     use super::{Path, Plan, Tile, GROUP, HEADS, QUERY_MAP, TILE_ROWS};
@@ -395,6 +465,7 @@ mod kernels {
     const MAX_PAIRS: usize = 8;
 
     /// Up to four heads' queries in the score kernel's order, and their per-group terms.
+    #[derive(Clone, Copy)]
     pub struct Queries {
         /// Per pair of groups and head: for nibbles, the i8 query bytes that the low (`[0]`)
         /// and high (`[1]`) nibbles of the pair's 32 code bytes meet; for levels, the i16
@@ -472,6 +543,127 @@ mod kernels {
                 terms: terms.map(|t| t.map(|x| _mm256_loadu_ps(x.as_ptr()))),
                 totals: totals.map(|x| _mm_loadu_ps(x.as_ptr())),
             }
+        }
+    }
+
+    impl Queries {
+        /// Queries of no head.
+        pub fn zero() -> Self {
+            // SAFETY: all-zero bits are a valid value of every field.
+            unsafe { std::mem::zeroed() }
+        }
+
+        /// Makes these the queries of up to [`HEADS`] heads for one block of KIVI's keys
+        /// (`maps` its channels' `(scale, minimum)` f16 pairs): `q'_c = q_c·scale_c` rounded to
+        /// i8 per group (to nearest, ties to even, against `σ_g` = the group's largest
+        /// magnitude / 127); returns each head's `Σ_c q_c·(minimum_c + scale_c·center)`.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn fill_block(
+            &mut self,
+            plan: &Plan,
+            queries: &[&[f32]],
+            maps: &[u8],
+        ) -> [f32; HEADS] {
+            let format = &plan.format;
+            let (w, center) = (format.width, format.center());
+            let nibbles = plan.path == Path::Nibbles;
+            let mut biases = [0f32; HEADS];
+            // Even channels' bytes, then odd ones', in each 128-bit lane.
+            let even_odd = _mm256_setr_epi8(
+                0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1,
+                3, 5, 7, 9, 11, 13, 15,
+            );
+            let row_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            let abs = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
+            let mut bias = [_mm256_setzero_ps(); HEADS];
+            for g in 0..w / GROUP {
+                let (p, half) = (g / 2, g % 2);
+                // The group's scales and minimums, 8 channels per vector.
+                let [mut scales, mut mins] = [[_mm256_setzero_ps(); 4]; 2];
+                for (k, (s, m)) in scales.iter_mut().zip(&mut mins).enumerate() {
+                    let at = maps.as_ptr().add(4 * (GROUP * g + 8 * k));
+                    let pairs = _mm256_loadu_si256(at as *const _);
+                    let halves = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(
+                        _mm256_and_si256(pairs, _mm256_set1_epi32(0xffff)),
+                        _mm256_srli_epi32::<16>(pairs),
+                    ));
+                    *s = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+                    *m = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(halves));
+                }
+                for (h, q) in queries.iter().enumerate() {
+                    let x: [__m256; 4] = std::array::from_fn(|k| {
+                        let v = _mm256_loadu_ps(q.as_ptr().add(GROUP * g + 8 * k));
+                        let x = _mm256_mul_ps(v, scales[k]);
+                        bias[h] = _mm256_fmadd_ps(v, mins[k], bias[h]);
+                        bias[h] = _mm256_fmadd_ps(x, _mm256_set1_ps(center), bias[h]);
+                        x
+                    });
+                    let largest = x.iter().fold(_mm256_setzero_ps(), |m, &v| {
+                        _mm256_max_ps(m, _mm256_and_ps(v, abs))
+                    });
+                    let largest = {
+                        let l = _mm_max_ps(
+                            _mm256_castps256_ps128(largest),
+                            _mm256_extractf128_ps::<1>(largest),
+                        );
+                        let l = _mm_max_ps(l, _mm_movehl_ps(l, l));
+                        _mm_cvtss_f32(_mm_max_ss(l, _mm_movehdup_ps(l)))
+                    };
+                    let sigma = largest / 127.0;
+                    let inv = _mm256_set1_ps(if sigma > 0.0 { 1.0 / sigma } else { 0.0 });
+                    let c: [__m256i; 4] =
+                        std::array::from_fn(|k| _mm256_cvtps_epi32(_mm256_mul_ps(x[k], inv)));
+                    let lane = |v: &mut __m256, x: f32| {
+                        let mut lanes: [f32; 8] = std::mem::transmute(*v);
+                        lanes[4 * half + h] = x;
+                        *v = std::mem::transmute::<[f32; 8], __m256>(lanes);
+                    };
+                    lane(&mut self.terms[p][0], sigma);
+                    let codes = &mut self.codes[p][h];
+                    if nibbles {
+                        let sum = _mm256_add_epi32(
+                            _mm256_add_epi32(c[0], c[1]),
+                            _mm256_add_epi32(c[2], c[3]),
+                        );
+                        let centered = center * sigma * horizontal_sum_epi32(sum) as f32;
+                        lane(&mut self.terms[p][1], centered);
+                        // |code| ≤ 127: the packs do not saturate. In channel order, then the
+                        // even channels (the low nibbles' query) and the odd ones.
+                        let packed = _mm256_packs_epi16(
+                            _mm256_packs_epi32(c[0], c[1]),
+                            _mm256_packs_epi32(c[2], c[3]),
+                        );
+                        let ordered = _mm256_permutevar8x32_epi32(packed, row_order);
+                        let split = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(
+                            ordered, even_odd,
+                        ));
+                        // The pair's low nibbles' query (`[0]`): the first group's in the low
+                        // lanes, its second's in the high; the high nibbles' likewise.
+                        if half == 0 {
+                            codes[0] = split;
+                            codes[1] = split;
+                        } else {
+                            codes[0] = _mm256_permute2x128_si256::<0x20>(codes[0], split);
+                            codes[1] = _mm256_permute2x128_si256::<0x31>(codes[1], split);
+                        }
+                    } else {
+                        // Vector `j`: channels `8j…8j + 7` of the pair's first group, then of
+                        // its second, as i16 (the first group's held as i32 until then).
+                        for (j, cj) in c.into_iter().enumerate() {
+                            codes[j] = if half == 0 {
+                                cj
+                            } else {
+                                let packed = _mm256_packs_epi32(codes[j], cj);
+                                _mm256_permute4x64_epi64::<0b11_01_10_00>(packed)
+                            };
+                        }
+                    }
+                }
+            }
+            for (b, v) in biases.iter_mut().zip(bias) {
+                *b = crate::simd::avx2::hsum(v);
+            }
+            biases
         }
     }
 
@@ -818,7 +1010,8 @@ mod kernels {
     }
 
     /// Scores of up to four heads for each of a tile's rows into `out[h][t]`, stored or
-    /// (`add`) added.
+    /// (`add`) added; `per_group` where the queries' `σ` differ per group even for rows with
+    /// one map.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn score_rows(
         plan: &Plan,
@@ -826,9 +1019,10 @@ mod kernels {
         tile: &Tile,
         out: [*mut f32; HEADS],
         add: bool,
+        per_group: bool,
     ) {
         let format = &plan.format;
-        let one_map = format.maps.channels >= format.width;
+        let one_map = format.maps.channels >= format.width && !per_group;
         macro_rules! by_pairs {
             ($kind:expr, $one:literal, $min:literal) => {
                 match format.width / (2 * GROUP) {
