@@ -593,6 +593,53 @@ impl OakenCodec {
         );
     }
 
+    /// [`Codec::decode`] of one row with AVX2: the 16 middle levels in two vectors (the same
+    /// operations as [`MiddleGrid::level`] and [`OakenCodec::tables`]), the dense nibbles
+    /// through them with `vpermps` and a blend, then the sparse entries over them.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn decode_avx2(&self, row: &[u8], out: &mut [f32]) {
+        use std::arch::x86_64::*;
+        let d = self.head_dim;
+        assert!(d.is_multiple_of(8) && out.len() == d && row.len() >= self.block_bytes());
+        // Middle lo and hi, outer and inner M.
+        let meta: [f32; 4] =
+            std::mem::transmute(_mm_cvtph_ps(_mm_loadl_epi64(row.as_ptr() as *const _)));
+        let grid = MiddleGrid::new(meta[0], meta[1]);
+        let t = &self.thresholds;
+        let zero_code = _mm256_set1_ps(grid.zero_code as f32);
+        let levels = |first: f32| {
+            let codes = _mm256_add_ps(
+                _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0),
+                _mm256_set1_ps(first),
+            );
+            let shifted = _mm256_mul_ps(
+                _mm256_add_ps(_mm256_sub_ps(codes, zero_code), _mm256_set1_ps(0.5)),
+                _mm256_set1_ps(grid.step),
+            );
+            let high = _mm256_cmp_ps::<_CMP_GE_OQ>(codes, zero_code);
+            let threshold =
+                _mm256_blendv_ps(_mm256_set1_ps(t.lo_inner), _mm256_set1_ps(t.hi_inner), high);
+            _mm256_add_ps(shifted, threshold)
+        };
+        let (low_codes, high_codes) = (levels(0.0), levels(8.0));
+        // Element 8k + i is nibble i of dense dword k.
+        let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+        let dense = row.as_ptr().add(self.dense_offset()) as *const i32;
+        for (k, out) in out.chunks_exact_mut(8).enumerate() {
+            let word = _mm256_set1_epi32(dense.add(k).read_unaligned());
+            let codes = _mm256_and_si256(_mm256_srlv_epi32(word, shifts), _mm256_set1_epi32(15));
+            let values = _mm256_blendv_ps(
+                _mm256_permutevar8x32_ps(low_codes, codes),
+                _mm256_permutevar8x32_ps(high_codes, codes),
+                _mm256_castsi256_ps(_mm256_slli_epi32::<28>(codes)),
+            );
+            _mm256_storeu_ps(out.as_mut_ptr(), values);
+        }
+        let table = self.outlier_steps_table(meta[2] / 15.0, meta[3] / 15.0);
+        self.for_each_outlier(row, &table, |i, _, value| out[i] = value);
+    }
+
     /// Calls `f(elements, values, differences, live lanes)` for the sparse entries of `row`,
     /// 16 at a time ([`Self::vector_sparse`] rows): element `span·64 + index`, its value
     /// `base[k] + code·step[k]` (`code` its dense nibble, `i mod 8` of dense dword `i/8`), and
@@ -1379,8 +1426,8 @@ impl Codec for OakenCodec {
         self.for_each_outlier(block, &tables.outliers, |i, _, value| rows[i] = value);
     }
 
-    /// Rows as [`Codec::decode`] gives them, with AVX-512 where the CPU has it (the attention
-    /// kernels' tiles).
+    /// Rows as [`Codec::decode`] gives them, with AVX-512 or AVX2 where the CPU has them (the
+    /// attention kernels' tiles).
     fn decode_working(&self, blocks: &[u8], rows: &mut [f32]) {
         let pairs = blocks
             .chunks_exact(self.block_bytes())
@@ -1398,6 +1445,14 @@ impl Codec for OakenCodec {
                 let table = self.scaled_outlier_table(&scales, r);
                 // SAFETY: as above (AVX-512F/VL); `row` is one block, `out` one row.
                 unsafe { self.decode_avx512(row, scales.grid(r), &table, out) };
+            }
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if simd::use_avx2() && self.head_dim.is_multiple_of(8) {
+            for (row, out) in pairs {
+                // SAFETY: the CPU has AVX2, FMA and F16C; `row` is one block, `out` one row.
+                unsafe { self.decode_avx2(row, out) };
             }
             return;
         }
