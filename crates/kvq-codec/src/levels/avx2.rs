@@ -775,12 +775,16 @@ mod kernels {
     /// 5-bit codes in llama.cpp's blocks: the nibbles as [`BLOCK_TABLE`]'s, bit `j` of the
     /// block's 32-bit word of fifth bits channel `j`'s.
     pub const BLOCK5: u8 = 5;
+    /// 1-bit codes through a table (TurboQuant's QJL signs): each lane's byte tested for its
+    /// bit, the level picked by a blend.
+    pub const SIGNS: u8 = 6;
 
     /// The [`Decoder`] kind of a format on the levels path.
     pub fn decoder_kind(plan: &Plan) -> u8 {
         let format = &plan.format;
         match (format.code_bits(), format.table.is_some(), format.codes) {
             (5, _, _) => BLOCK5,
+            (1, true, _) => SIGNS,
             (4, _, CodeLayout::Nibbles { .. }) => BLOCK_TABLE,
             (4, _, CodeLayout::Packed { .. }) => PACKED_TABLE,
             (_, false, _) => WINDOWS,
@@ -802,6 +806,9 @@ mod kernels {
         /// The table: 4-bit codes' i8 levels less 128 in each lane; narrower codes' i16
         /// levels less 128, as byte pairs.
         table: __m256i,
+        /// 1-bit codes: each lane's bit within its byte, and the levels of codes 0 and 1.
+        bits: __m256i,
+        signs: [__m256i; 2],
     }
 
     impl<'a> Decoder<'a> {
@@ -817,7 +824,12 @@ mod kernels {
                 }
                 None => [0; 16],
             };
+            let level = |code: usize| {
+                _mm256_set1_epi16(format.table.map_or(0, |t| i16::from(t.levels[code])))
+            };
             Self {
+                bits: _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128),
+                signs: [level(0), level(1)],
                 groups_at: &plan.groups_at,
                 fifths_at: &plan.fifths_at,
                 windows: &plan.windows,
@@ -916,6 +928,11 @@ mod kernels {
             std::array::from_fn(|j| {
                 let window = _mm256_loadu_si256((*windows.add(j)).as_ptr() as *const _);
                 let x = _mm256_shuffle_epi8(v, window);
+                if KIND == SIGNS {
+                    // Lane `l` holds byte `j` of its group, whose bit `l` is its code.
+                    let set = _mm256_cmpeq_epi16(_mm256_and_si256(x, self.bits), self.bits);
+                    return _mm256_blendv_epi8(self.signs[0], self.signs[1], set);
+                }
                 let code = _mm256_and_si256(
                     _mm256_srli_epi16::<8>(_mm256_mullo_epi16(x, self.shifts)),
                     self.mask,
@@ -1046,6 +1063,7 @@ mod kernels {
         match (plan.path, decoder_kind(plan)) {
             (Path::Nibbles, _) => by_maps!(NIBBLES),
             (Path::Levels, BLOCK5) => by_maps!(BLOCK5),
+            (Path::Levels, SIGNS) => by_maps!(SIGNS),
             (Path::Levels, BLOCK_TABLE) => by_maps!(BLOCK_TABLE),
             (Path::Levels, PACKED_TABLE) => by_maps!(PACKED_TABLE),
             (Path::Levels, WINDOWS) => by_maps!(WINDOWS),
@@ -1330,6 +1348,7 @@ mod kernels {
         match (plan.path, decoder_kind(plan)) {
             (Path::Nibbles, _) => sum_nibbles(plan, &rounded.weights, tile, sums),
             (Path::Levels, BLOCK5) => sum_levels::<BLOCK5>(plan, &rounded, tile, sums, levels),
+            (Path::Levels, SIGNS) => sum_levels::<SIGNS>(plan, &rounded, tile, sums, levels),
             (Path::Levels, BLOCK_TABLE) => {
                 sum_levels::<BLOCK_TABLE>(plan, &rounded, tile, sums, levels)
             }
