@@ -601,15 +601,7 @@ mod kernels {
                     let largest = x.iter().fold(_mm256_setzero_ps(), |m, &v| {
                         _mm256_max_ps(m, _mm256_and_ps(v, abs))
                     });
-                    let largest = {
-                        let l = _mm_max_ps(
-                            _mm256_castps256_ps128(largest),
-                            _mm256_extractf128_ps::<1>(largest),
-                        );
-                        let l = _mm_max_ps(l, _mm_movehl_ps(l, l));
-                        _mm_cvtss_f32(_mm_max_ss(l, _mm_movehdup_ps(l)))
-                    };
-                    let sigma = largest / 127.0;
+                    let sigma = horizontal_max(largest) / 127.0;
                     let inv = _mm256_set1_ps(if sigma > 0.0 { 1.0 / sigma } else { 0.0 });
                     let c: [__m256i; 4] =
                         std::array::from_fn(|k| _mm256_cvtps_epi32(_mm256_mul_ps(x[k], inv)));
@@ -1181,6 +1173,15 @@ mod kernels {
         store_heads(&scores, n, &out, add);
     }
 
+    /// The largest of `v`'s lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn horizontal_max(v: __m256) -> f32 {
+        let x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+        _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)))
+    }
+
     /// The sum of `v`'s lanes.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -1267,14 +1268,7 @@ mod kernels {
                 }
                 largest = _mm256_max_ps(largest, _mm256_and_ps(*s, abs));
             }
-            let largest_a = {
-                let x = _mm_max_ps(
-                    _mm256_castps256_ps128(largest),
-                    _mm256_extractf128_ps::<1>(largest),
-                );
-                let x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-                _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)))
-            };
+            let largest_a = horizontal_max(largest);
             let inv_a = _mm256_set1_ps(if largest_a > 0.0 {
                 1.0 / largest_a
             } else {
