@@ -45,9 +45,9 @@
 //! interleaves ([`ChannelBlocks::interleaving`]); their sums keep the float kernels.
 //!
 //! The kernels need AVX-512 F/BW/DQ/VNNI/VBMI/VBMI2 ([`available`]); elsewhere [`avx2`]'s
-//! kernels take the row layout's formats but 5-bit codes (`vpmaddubsw` on 4-bit codes without
-//! a table, `vpmaddwd` on the others' decoded levels), and the float kernels the rest, as they
-//! take everything after [`set_enabled`]`(false)`.
+//! kernels take the row layout's formats, their runs and the channel blocks' scores
+//! (`vpmaddubsw` on 4-bit codes without a table, `vpmaddwd` on the others' decoded levels),
+//! and the float kernels the rest, as they take everything after [`set_enabled`]`(false)`.
 
 use crate::simd::Ahead;
 use std::cell::RefCell;

@@ -1,7 +1,7 @@
 //! The default group kernels. Codecs that describe their levels ([`Codec::level_format`],
 //! [`Codec::level_segments`], and for scores [`Codec::channel_blocks`]) go to the integer
-//! kernels of [`crate::levels`] where the CPU has them (AVX-512, or AVX2 for the row layout
-//! but 5-bit codes); codecs whose rows the float kernels
+//! kernels of [`crate::levels`] where the CPU has them (AVX-512, or AVX2 for the row layout);
+//! codecs whose rows the float kernels
 //! read ([`Codec::row_format`]) go to those. Otherwise a run of blocks is decoded,
 //! a few rows at a time, into a small f32 tile in the codec's working space
 //! ([`Codec::decode_working`]), and the tile is scored and accumulated for every query head of
@@ -41,15 +41,13 @@ fn for_each_tile<C: Codec + ?Sized>(codec: &C, blocks: &[u8], mut f: impl FnMut(
     });
 }
 
-/// `f` of the runs of levels the integer kernels read (supported by contract), when the CPU
-/// runs them: the codec's level format as one run from channel 0, or its runs.
-fn with_integer_runs<C: Codec + ?Sized, R>(
+/// `f` of the runs of levels that `takes` accepts: the codec's level format as one run from
+/// channel 0, or its runs.
+fn with_runs<C: Codec + ?Sized, R>(
     codec: &C,
+    takes: impl FnOnce(&[LevelSegment]) -> bool,
     f: impl FnOnce(&[LevelSegment]) -> R,
 ) -> Option<R> {
-    if !crate::levels::available() {
-        return None;
-    }
     let single = codec
         .level_format()
         .map(|format| LevelSegment { first: 0, format });
@@ -57,18 +55,13 @@ fn with_integer_runs<C: Codec + ?Sized, R>(
         Some(run) => std::slice::from_ref(run),
         None => codec.level_segments(),
     };
-    (!runs.is_empty()).then(|| f(runs))
+    takes(runs).then(|| f(runs))
 }
 
-/// The codec's level format where the AVX2 integer kernels take it (the AVX-512 ones do not
-/// run).
-fn avx2_format<C: Codec + ?Sized>(codec: &C) -> Option<crate::levels::LevelFormat> {
-    codec.level_format().filter(crate::levels::avx2::takes)
-}
-
-/// Whether the AVX2 integer kernels take every run of the codec's level segments.
-fn avx2_segments<C: Codec + ?Sized>(codec: &C) -> bool {
-    crate::levels::avx2::takes_segments(codec.level_segments())
+/// Whether the AVX-512 integer kernels take `runs` (supported by contract): the CPU runs them
+/// and there are runs.
+fn avx512_takes(runs: &[LevelSegment]) -> bool {
+    crate::levels::available() && !runs.is_empty()
 }
 
 /// [`Codec::score_group`] through decoded tiles.
@@ -79,18 +72,17 @@ pub fn score_group<C: Codec + ?Sized>(
     scores: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
-    let integer = with_integer_runs(codec, |runs| {
+    let integer = with_runs(codec, avx512_takes, |runs| {
         crate::levels::score_segments(runs, queries, blocks, scores, ahead)
     });
     if integer.is_some() {
         return;
     }
-    if let Some(format) = avx2_format(codec) {
-        return crate::levels::avx2::score_group(&format, queries, blocks, scores, ahead);
-    }
-    if avx2_segments(codec) {
-        let runs = codec.level_segments();
-        return crate::levels::avx2::score_segments(runs, queries, blocks, scores, ahead);
+    let avx2 = with_runs(codec, crate::levels::avx2::takes_segments, |runs| {
+        crate::levels::avx2::score_segments(runs, queries, blocks, scores, ahead)
+    });
+    if avx2.is_some() {
+        return;
     }
     if let Some(layout) = codec
         .channel_blocks()
@@ -136,18 +128,17 @@ pub fn accumulate_group<C: Codec + ?Sized>(
     accs: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
-    let integer = with_integer_runs(codec, |runs| {
+    let integer = with_runs(codec, avx512_takes, |runs| {
         crate::levels::accumulate_segments(runs, weights, blocks, accs, ahead)
     });
     if integer.is_some() {
         return;
     }
-    if let Some(format) = avx2_format(codec) {
-        return crate::levels::avx2::accumulate_group(&format, weights, blocks, accs, ahead);
-    }
-    if avx2_segments(codec) {
-        let runs = codec.level_segments();
-        return crate::levels::avx2::accumulate_segments(runs, weights, blocks, accs, ahead);
+    let avx2 = with_runs(codec, crate::levels::avx2::takes_segments, |runs| {
+        crate::levels::avx2::accumulate_segments(runs, weights, blocks, accs, ahead)
+    });
+    if avx2.is_some() {
+        return;
     }
     if let Some(format) = codec.row_format() {
         let mut accs: Vec<&mut [f32]> = accs

@@ -741,17 +741,23 @@ mod kernels {
         }
     }
 
-    /// Each row's 32 bytes of a pair of groups (a group per 128-bit lane), split into their
-    /// low (`[0]`) and high (`[1]`) nibbles.
+    /// The low (`[0]`) and high (`[1]`) nibbles of `v`'s bytes.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pair_codes(row: *const u8, groups_at: &[usize], p: usize) -> [__m256i; 2] {
-        let v = load_pair(row, groups_at[2 * p], groups_at[2 * p + 1]);
+    unsafe fn nibbles(v: __m256i) -> [__m256i; 2] {
         let mask = _mm256_set1_epi8(0x0f);
         [
             _mm256_and_si256(v, mask),
             _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
         ]
+    }
+
+    /// Each row's 32 bytes of a pair of groups (a group per 128-bit lane), split into their
+    /// low (`[0]`) and high (`[1]`) nibbles.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pair_codes(row: *const u8, groups_at: &[usize], p: usize) -> [__m256i; 2] {
+        nibbles(load_pair(row, groups_at[2 * p], groups_at[2 * p + 1]))
     }
 
     /// How [`Decoder`] reads codes: 4-bit codes through a table in llama.cpp's blocks (the
@@ -845,7 +851,7 @@ mod kernels {
             if KIND == BLOCK5 {
                 // The nibbles (channels 0–15, 16–31 of each group), then each channel's fifth
                 // bit: its byte of the group's word spread to the channel's lane, tested.
-                let mask = _mm256_set1_epi8(0x0f);
+                let [low, high] = nibbles(v);
                 let fifths = |g: usize| {
                     let at = *self.fifths_at.get_unchecked(g);
                     _mm_set1_epi32((row.add(at) as *const i32).read_unaligned())
@@ -861,7 +867,7 @@ mod kernels {
                     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
                 };
                 let low = _mm256_or_si256(
-                    _mm256_and_si256(v, mask),
+                    low,
                     fifth(_mm256_setr_epi64x(
                         0,
                         0x0101_0101_0101_0101,
@@ -870,7 +876,7 @@ mod kernels {
                     )),
                 );
                 let high = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
+                    high,
                     fifth(_mm256_setr_epi64x(
                         0x0202_0202_0202_0202,
                         0x0303_0303_0303_0303,
@@ -889,12 +895,7 @@ mod kernels {
             }
             if KIND == BLOCK_TABLE || KIND == PACKED_TABLE {
                 // Table levels, looked up by bytes and widened with their signs.
-                let mask = _mm256_set1_epi8(0x0f);
-                let low = _mm256_shuffle_epi8(self.table, _mm256_and_si256(v, mask));
-                let high = _mm256_shuffle_epi8(
-                    self.table,
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
-                );
+                let [low, high] = nibbles(v).map(|x| _mm256_shuffle_epi8(self.table, x));
                 // Channels 0–15 and 16–31 of each group.
                 let (first, second) = if KIND == PACKED_TABLE {
                     (
@@ -1383,7 +1384,6 @@ mod kernels {
         let n = rows.len() / format.row_bytes;
         let (w, per_map) = (format.width, format.maps.channels / GROUP);
         sums[..HEADS * w].fill(0);
-        let mask = _mm256_set1_epi8(0x0f);
         let packed = matches!(format.codes, CodeLayout::Packed { .. });
         // Bytes `i` and `8 + i` of each lane side by side: two rows' codes of one channel.
         let interleave = _mm256_setr_epi8(
@@ -1407,9 +1407,7 @@ mod kernels {
                         b as *const _,
                         a as *const _,
                     ));
-                    let v = _mm256_shuffle_epi8(v, interleave);
-                    let low = _mm256_and_si256(v, mask);
-                    let high = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
+                    let [low, high] = nibbles(_mm256_shuffle_epi8(v, interleave));
                     for (h, acc) in acc.iter_mut().enumerate() {
                         let pair = (rounded[h][m].as_ptr().add(t) as *const i16).read_unaligned();
                         let wv = _mm256_set1_epi16(pair);
