@@ -762,7 +762,7 @@ pub fn cache_codec(
 ) -> Result<Box<dyn Codec>, kvq_codec::CodecError> {
     let codec = build_codec(kind, role, head_dim, calibration, seed)?;
     let interleave = options.interleave
-        && kvq_codec::levels::available()
+        && kvq_codec::interleaved::read_in_place(codec.as_ref(), role)
         && options.page_tokens.is_multiple_of(INTERLEAVED_ROWS);
     Ok(if interleave {
         kvq_codec::interleaved::interleave(codec, role)

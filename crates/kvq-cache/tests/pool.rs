@@ -4,7 +4,7 @@
 use kvq_cache::{
     memory, CacheError, CacheOptions, KvCache, LayerShape, LayerView, Policy, RowSpan, SeqId,
 };
-use kvq_codec::{Codec, KvSpec};
+use kvq_codec::{Codec, KvSpec, Role};
 use rand::{Rng, SeedableRng};
 
 fn shapes() -> Vec<LayerShape> {
@@ -181,7 +181,11 @@ fn interleaved_blocks_are_written_row_by_row() {
             keys.extend(k);
             values.extend(v);
             let view = c.view(s, 1).unwrap();
-            let interleaved = kvq_codec::levels::available();
+            // Interleaved where this CPU's kernels read the key codec's blocks in place.
+            let key = KvSpec::parse(spec).unwrap().k;
+            let plain =
+                kvq_codec::build_codec(key, Role::Key, 64, &memory::sizing_calibration(), 1);
+            let interleaved = kvq_codec::interleaved::read_in_place(&*plain.unwrap(), Role::Key);
             assert_eq!(view.k_codec.block_tokens() == 16, interleaved, "{spec}");
             assert!(view.spans.iter().all(|span| span.compressed()), "{spec}");
             let written = keys.len() / 128;

@@ -13,7 +13,9 @@
 //! encoded one at a time ([`Codec::encode_row`]), so a cache writes each token into its block
 //! as it comes.
 
-use crate::levels::{self, ChannelBlocks, Interleaving, KernelOrder, INTERLEAVED_ROWS};
+use crate::levels::{
+    self, avx2::blocks as avx2, ChannelBlocks, Interleaving, KernelOrder, INTERLEAVED_ROWS,
+};
 use crate::{check_finite, simd::Ahead, Codec, CodecError, Role};
 use std::cell::RefCell;
 
@@ -28,6 +30,16 @@ pub fn interleave(codec: Box<dyn Codec>, role: Role) -> Box<dyn Codec> {
     match Layout::of(codec.as_ref(), role) {
         Some(layout) => Box::new(Interleaved::new(codec, layout)),
         None => codec,
+    }
+}
+
+/// Whether this CPU's integer kernels read `codec`'s blocks for `role` in place once
+/// [`interleave`]d (elsewhere they would read them through a copy in row order).
+pub fn read_in_place(codec: &dyn Codec, role: Role) -> bool {
+    match Layout::of(codec, role) {
+        Some(_) if levels::available() => true,
+        Some(Layout::Rows(runs)) => avx2::takes(&runs),
+        _ => false,
     }
 }
 
@@ -253,6 +265,9 @@ impl Codec for Interleaved {
             Layout::Rows(runs) if levels::available() && runs[0].order == KernelOrder::Scores => {
                 levels::score_interleaved(runs, queries, blocks, scores, ahead);
             }
+            Layout::Rows(runs) if avx2::takes(runs) && runs[0].order == KernelOrder::Scores => {
+                avx2::score_interleaved(runs, queries, blocks, scores, ahead);
+            }
             Layout::ChannelBlocks(layout) if levels::available() => {
                 levels::score_channel_blocks(layout, queries, blocks, scores, ahead);
             }
@@ -287,6 +302,9 @@ impl Codec for Interleaved {
         match &self.layout {
             Layout::Rows(runs) if levels::available() && runs[0].order == KernelOrder::Sums => {
                 levels::accumulate_interleaved(runs, weights, blocks, accs, ahead);
+            }
+            Layout::Rows(runs) if avx2::takes(runs) && runs[0].order == KernelOrder::Sums => {
+                avx2::accumulate_interleaved(runs, weights, blocks, accs, ahead);
             }
             _ => self.with_rows(blocks, |rows| {
                 self.inner.accumulate_group(weights, rows, accs, ahead)

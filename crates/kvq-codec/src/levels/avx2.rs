@@ -30,6 +30,8 @@ use super::{
 use crate::simd::Ahead;
 use std::cell::RefCell;
 
+pub mod blocks;
+
 /// Query heads per pass over a tile.
 const HEADS: usize = 4;
 
@@ -664,6 +666,8 @@ mod kernels {
     pub struct Sums {
         /// Integer sums, `width` slots per head.
         sums: Vec<i32>,
+        /// A tile's rounded weights.
+        rounded: Rounded,
         /// A tile's decoded levels, a row's vectors after another (and a row of zeros).
         levels: Vec<__m256i>,
     }
@@ -744,7 +748,7 @@ mod kernels {
     /// The low (`[0]`) and high (`[1]`) nibbles of `v`'s bytes.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn nibbles(v: __m256i) -> [__m256i; 2] {
+    pub(super) unsafe fn nibbles(v: __m256i) -> [__m256i; 2] {
         let mask = _mm256_set1_epi8(0x0f);
         [
             _mm256_and_si256(v, mask),
@@ -1196,33 +1200,56 @@ mod kernels {
     /// rows' scales rounded to i8 against their largest magnitude (rows past the tile's end
     /// 0), the rounding's step, and what the integer sums leave out (`Σ w·offset`, less
     /// `step·center·Σ rounded` where the levels are not centered).
-    struct Rounded {
-        weights: [[[i8; TILE_ROWS]; MAP_WORDS]; HEADS],
-        steps: [[f32; MAP_WORDS]; HEADS],
-        constants: [[f32; MAP_WORDS]; HEADS],
+    pub(super) struct Rounded {
+        pub weights: [[[i8; TILE_ROWS]; MAP_WORDS]; HEADS],
+        pub steps: [[f32; MAP_WORDS]; HEADS],
+        pub constants: [[f32; MAP_WORDS]; HEADS],
     }
 
-    /// [`Rounded`] for up to four heads' `weights` over `tile`.
+    impl Default for Rounded {
+        fn default() -> Self {
+            Self {
+                weights: [[[0; TILE_ROWS]; MAP_WORDS]; HEADS],
+                steps: [[0.0; MAP_WORDS]; HEADS],
+                constants: [[0.0; MAP_WORDS]; HEADS],
+            }
+        }
+    }
+
+    /// [`Rounded`] for up to four heads' `weights` over the `n` rows of a tile of `format`
+    /// (`centered`: its codes are decoded less the center), `word(k, t)` the f32 map word `k`
+    /// of rows `t…t + 7`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn round_weights(plan: &Plan, weights: &[&[f32]], tile: &Tile) -> Rounded {
-        let format = &plan.format;
-        let maps = tile.maps;
-        let n = tile.rows.len() / format.row_bytes;
+    pub(super) unsafe fn round_weights(
+        format: &LevelFormat,
+        centered: bool,
+        weights: &[&[f32]],
+        n: usize,
+        word: impl Fn(usize, usize) -> __m256,
+        out: &mut Rounded,
+    ) {
         let count = format.maps();
         let center = format.center();
-        let centered = plan.path == Path::Levels;
-        let mut rounded = [[[0i8; TILE_ROWS]; MAP_WORDS]; HEADS];
+        let Rounded {
+            weights: rounded,
+            steps,
+            constants,
+        } = out;
         let vectors = n.div_ceil(32) * 4;
-        let mut steps = [[0f32; MAP_WORDS]; HEADS];
-        let mut constants = [[0f32; MAP_WORDS]; HEADS];
+        *steps = [[0.0; MAP_WORDS]; HEADS];
+        *constants = [[0.0; MAP_WORDS]; HEADS];
         // Per head the weights, rows past the tile's end 0, and the same in units of 1/127 of
         // the largest (absent heads 0).
         let mut padded = [[0f32; TILE_ROWS]; HEADS];
         let mut levels = [[_mm256_setzero_ps(); TILE_ROWS / 8]; HEADS];
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
         for (h, wh) in weights.iter().enumerate() {
             padded[h][..n].copy_from_slice(wh);
-            let largest_w = wh.iter().fold(0f32, |l, x| l.max(x.abs()));
+            let largest_w = horizontal_max((0..vectors).fold(_mm256_setzero_ps(), |l, i| {
+                let x = _mm256_loadu_ps(padded[h].as_ptr().add(8 * i));
+                _mm256_max_ps(l, _mm256_and_ps(x, abs))
+            }));
             let to_levels = _mm256_set1_ps(if largest_w > 0.0 {
                 127.0 / largest_w
             } else {
@@ -1241,15 +1268,6 @@ mod kernels {
                 _mm256_or_ps(live, _mm256_cmp_ps::<_CMP_NEQ_UQ>(x, _mm256_setzero_ps()))
             })
         });
-        // Row `t + i` of map word `k` at `(t + i)·MAP_WORDS + k`.
-        let rows_of = _mm256_mullo_epi32(
-            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-            _mm256_set1_epi32(MAP_WORDS as i32),
-        );
-        let word = |k: usize, t: usize| {
-            _mm256_i32gather_ps::<4>(maps.as_ptr().add(t * MAP_WORDS + k), rows_of)
-        };
-        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
         // The dwords of two `vpackssdw` + `vpacksswb` results back in row order.
         let row_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         for m in 0..count {
@@ -1316,11 +1334,6 @@ mod kernels {
                 }
             }
         }
-        Rounded {
-            weights: rounded,
-            steps,
-            constants,
-        }
     }
 
     /// Adds up to four heads' weighted sums of a tile's rows to channels `first…` of `accs`:
@@ -1337,21 +1350,32 @@ mod kernels {
         first: usize,
     ) {
         let format = &plan.format;
-        let rounded = round_weights(plan, weights, tile);
+        let n = tile.rows.len() / format.row_bytes;
+        // Row `t + i` of map word `k` at `(t + i)·MAP_WORDS + k`.
+        let rows_of = _mm256_mullo_epi32(
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            _mm256_set1_epi32(MAP_WORDS as i32),
+        );
+        let word = |k: usize, t: usize| {
+            _mm256_i32gather_ps::<4>(tile.maps.as_ptr().add(t * MAP_WORDS + k), rows_of)
+        };
+        let centered = plan.path == Path::Levels;
+        let rounded = &mut scratch.rounded;
+        round_weights(format, centered, weights, n, word, rounded);
         let sums = &mut scratch.sums;
         let levels = &mut scratch.levels;
         match (plan.path, decoder_kind(plan)) {
             (Path::Nibbles, _) => sum_nibbles(plan, &rounded.weights, tile, sums),
-            (Path::Levels, BLOCK5) => sum_levels::<BLOCK5>(plan, &rounded, tile, sums, levels),
-            (Path::Levels, SIGNS) => sum_levels::<SIGNS>(plan, &rounded, tile, sums, levels),
+            (Path::Levels, BLOCK5) => sum_levels::<BLOCK5>(plan, rounded, tile, sums, levels),
+            (Path::Levels, SIGNS) => sum_levels::<SIGNS>(plan, rounded, tile, sums, levels),
             (Path::Levels, BLOCK_TABLE) => {
-                sum_levels::<BLOCK_TABLE>(plan, &rounded, tile, sums, levels)
+                sum_levels::<BLOCK_TABLE>(plan, rounded, tile, sums, levels)
             }
             (Path::Levels, PACKED_TABLE) => {
-                sum_levels::<PACKED_TABLE>(plan, &rounded, tile, sums, levels)
+                sum_levels::<PACKED_TABLE>(plan, rounded, tile, sums, levels)
             }
-            (Path::Levels, WINDOWS) => sum_levels::<WINDOWS>(plan, &rounded, tile, sums, levels),
-            (Path::Levels, _) => sum_levels::<WINDOWS_TABLE>(plan, &rounded, tile, sums, levels),
+            (Path::Levels, WINDOWS) => sum_levels::<WINDOWS>(plan, rounded, tile, sums, levels),
+            (Path::Levels, _) => sum_levels::<WINDOWS_TABLE>(plan, rounded, tile, sums, levels),
         }
         // acc[c] += step·sum + constant, 8 channels at a time.
         let (w, channels) = (format.width, format.maps.channels);
