@@ -199,15 +199,16 @@ struct Tile<'a> {
 }
 
 /// Calls `setup(plan, queries)` once for the thread's plan of `format` and its query scratch,
-/// then `tile(state, plan, queries, sums, tile)` for consecutive tiles of `blocks` after decoding
-/// their maps (`state` what `setup` returned, `sums` the thread's integer sums).
+/// then `tile(state, plan, queries, sums, tile, ahead)` for consecutive tiles of `blocks` after
+/// decoding their maps (`state` what `setup` returned, `sums` the thread's integer sums); the
+/// kernels spread the tile's prefetches over its rows.
 #[cfg(target_arch = "x86_64")]
 fn for_each_tile<S>(
     format: &LevelFormat,
     blocks: &[u8],
     ahead: &mut Ahead,
     setup: impl FnOnce(&Plan, &mut Vec<kernels::Queries>) -> S,
-    mut tile: impl FnMut(&mut S, &Plan, &[kernels::Queries], &mut kernels::Sums, Tile),
+    mut tile: impl FnMut(&mut S, &Plan, &[kernels::Queries], &mut kernels::Sums, Tile, &mut Ahead),
 ) {
     assert!(takes(format) && blocks.len().is_multiple_of(format.row_bytes));
     SCRATCH.with(|scratch| {
@@ -228,7 +229,6 @@ fn for_each_tile<S>(
         let mut state = setup(plan, queries);
         for (i, rows) in blocks.chunks(TILE_ROWS * format.row_bytes).enumerate() {
             let n = rows.len() / format.row_bytes;
-            ahead.rows(n);
             if let Some((from, indices)) = &plan.words_window {
                 // SAFETY: `takes` checked the CPU; each row holds its 16 bytes from `from`.
                 unsafe { kernels::window_maps(rows, format, *from, indices, maps, unit) };
@@ -246,7 +246,14 @@ fn for_each_tile<S>(
                 unsafe { kernels::decode_maps(words, maps, format.maps(), unit) };
             }
             let first = i * TILE_ROWS;
-            tile(&mut state, plan, queries, sums, Tile { first, rows, maps });
+            tile(
+                &mut state,
+                plan,
+                queries,
+                sums,
+                Tile { first, rows, maps },
+                ahead,
+            );
         }
     });
 }
@@ -317,16 +324,21 @@ fn score_run(
             // Where the scores of absent heads go.
             [0f32; TILE_ROWS]
         },
-        |sink, plan, prepared, _, tile| {
+        |sink, plan, prepared, _, tile, ahead| {
             let n = tile.rows.len() / format.row_bytes;
             for (c, q) in prepared.iter().enumerate() {
                 let mut out = [sink.as_mut_ptr(); HEADS];
                 for (o, s) in out.iter_mut().zip(&mut scores[c * HEADS..]) {
                     *o = s[tile.first..tile.first + n].as_mut_ptr();
                 }
+                let ahead = if c == 0 {
+                    &mut *ahead
+                } else {
+                    &mut Ahead::none()
+                };
                 // SAFETY: as above; every row holds its codes (`supported`), and each of `out`
                 // takes `n` values.
-                unsafe { kernels::score_rows(plan, q, &tile, out, add, false) };
+                unsafe { kernels::score_rows(plan, q, &tile, out, add, false, ahead) };
             }
         },
     );
@@ -374,15 +386,25 @@ fn accumulate_run(
         blocks,
         ahead,
         |_, _| (),
-        |_, plan, _, sums, tile| {
+        |_, plan, _, sums, tile, ahead| {
             let n = tile.rows.len() / format.row_bytes;
-            for (w, a) in weights.chunks(HEADS).zip(accs.chunks_mut(HEADS)) {
+            for (c, (w, a)) in weights
+                .chunks(HEADS)
+                .zip(accs.chunks_mut(HEADS))
+                .enumerate()
+            {
                 let w: [&[f32]; HEADS] = std::array::from_fn(|h| {
                     w.get(h).map_or(&[][..], |w| &w[tile.first..tile.first + n])
                 });
+                let ahead = if c == 0 {
+                    &mut *ahead
+                } else {
+                    &mut Ahead::none()
+                };
+                let w = &w[..a.len()];
                 // SAFETY: `takes` (asserted by `for_each_tile`) checked the CPU; every row
                 // holds its codes (`supported`).
-                unsafe { kernels::accumulate_rows(plan, &w[..a.len()], &tile, sums, a, first) };
+                unsafe { kernels::accumulate_rows(plan, w, &tile, sums, a, first, ahead) };
             }
         },
     );
@@ -446,7 +468,8 @@ pub fn score_channel_blocks(
                         maps: &maps,
                     };
                     // SAFETY: as above; each of `out` takes `n` values.
-                    unsafe { kernels::score_rows(plan, q, &tile, out, false, true) };
+                    let none = &mut Ahead::none();
+                    unsafe { kernels::score_rows(plan, q, &tile, out, false, true, none) };
                     for (s, bias) in scores[c * HEADS..].iter_mut().zip(biases) {
                         s[first..first + n].iter_mut().for_each(|x| *x += bias);
                     }
@@ -458,7 +481,7 @@ pub fn score_channel_blocks(
 
 #[cfg(target_arch = "x86_64")]
 mod kernels {
-    use super::{Path, Plan, Tile, GROUP, HEADS, QUERY_MAP, TILE_ROWS};
+    use super::{Ahead, Path, Plan, Tile, GROUP, HEADS, QUERY_MAP, TILE_ROWS};
     use crate::levels::{CodeLayout, LevelFormat, MAP_WORDS};
     use std::arch::x86_64::*;
 
@@ -1034,16 +1057,17 @@ mod kernels {
         out: [*mut f32; HEADS],
         add: bool,
         per_group: bool,
+        ahead: &mut Ahead,
     ) {
         let format = &plan.format;
         let one_map = format.maps.channels >= format.width && !per_group;
         macro_rules! by_pairs {
             ($kind:expr, $one:literal, $min:literal) => {
                 match format.width / (2 * GROUP) {
-                    1 => score_rows_as::<{ $kind }, $one, $min, 1>(plan, q, tile, out, add),
-                    2 => score_rows_as::<{ $kind }, $one, $min, 2>(plan, q, tile, out, add),
-                    4 => score_rows_as::<{ $kind }, $one, $min, 4>(plan, q, tile, out, add),
-                    _ => score_rows_as::<{ $kind }, $one, $min, 0>(plan, q, tile, out, add),
+                    1 => score_rows_as::<{ $kind }, $one, $min, 1>(plan, q, tile, out, add, ahead),
+                    2 => score_rows_as::<{ $kind }, $one, $min, 2>(plan, q, tile, out, add, ahead),
+                    4 => score_rows_as::<{ $kind }, $one, $min, 4>(plan, q, tile, out, add, ahead),
+                    _ => score_rows_as::<{ $kind }, $one, $min, 0>(plan, q, tile, out, add, ahead),
                 }
             };
         }
@@ -1090,6 +1114,7 @@ mod kernels {
         tile: &Tile,
         out: [*mut f32; HEADS],
         add: bool,
+        ahead: &mut Ahead,
     ) {
         let (format, groups_at, rows, maps) =
             (&plan.format, &plan.groups_at[..], tile.rows, tile.maps);
@@ -1118,6 +1143,7 @@ mod kernels {
         let n = rows.len() / format.row_bytes;
         let mut scores = [_mm_setzero_ps(); TILE_ROWS];
         for (t, score) in scores.iter_mut().enumerate().take(n) {
+            ahead.rows(1);
             let row = rows.as_ptr().add(t * format.row_bytes);
             let words = maps.as_ptr().add(t * MAP_WORDS);
             *score = if ONE_MAP {
@@ -1348,6 +1374,7 @@ mod kernels {
         scratch: &mut Sums,
         accs: &mut [&mut [f32]],
         first: usize,
+        ahead: &mut Ahead,
     ) {
         let format = &plan.format;
         let n = tile.rows.len() / format.row_bytes;
@@ -1365,17 +1392,23 @@ mod kernels {
         let sums = &mut scratch.sums;
         let levels = &mut scratch.levels;
         match (plan.path, decoder_kind(plan)) {
-            (Path::Nibbles, _) => sum_nibbles(plan, &rounded.weights, tile, sums),
-            (Path::Levels, BLOCK5) => sum_levels::<BLOCK5>(plan, rounded, tile, sums, levels),
-            (Path::Levels, SIGNS) => sum_levels::<SIGNS>(plan, rounded, tile, sums, levels),
+            (Path::Nibbles, _) => sum_nibbles(plan, &rounded.weights, tile, sums, ahead),
+            (Path::Levels, BLOCK5) => {
+                sum_levels::<BLOCK5>(plan, rounded, tile, sums, levels, ahead)
+            }
+            (Path::Levels, SIGNS) => sum_levels::<SIGNS>(plan, rounded, tile, sums, levels, ahead),
             (Path::Levels, BLOCK_TABLE) => {
-                sum_levels::<BLOCK_TABLE>(plan, rounded, tile, sums, levels)
+                sum_levels::<BLOCK_TABLE>(plan, rounded, tile, sums, levels, ahead)
             }
             (Path::Levels, PACKED_TABLE) => {
-                sum_levels::<PACKED_TABLE>(plan, rounded, tile, sums, levels)
+                sum_levels::<PACKED_TABLE>(plan, rounded, tile, sums, levels, ahead)
             }
-            (Path::Levels, WINDOWS) => sum_levels::<WINDOWS>(plan, rounded, tile, sums, levels),
-            (Path::Levels, _) => sum_levels::<WINDOWS_TABLE>(plan, rounded, tile, sums, levels),
+            (Path::Levels, WINDOWS) => {
+                sum_levels::<WINDOWS>(plan, rounded, tile, sums, levels, ahead)
+            }
+            (Path::Levels, _) => {
+                sum_levels::<WINDOWS_TABLE>(plan, rounded, tile, sums, levels, ahead)
+            }
         }
         // acc[c] += step·sum + constant, 8 channels at a time.
         let (w, channels) = (format.width, format.maps.channels);
@@ -1403,6 +1436,7 @@ mod kernels {
         rounded: &[[[i8; TILE_ROWS]; MAP_WORDS]; HEADS],
         tile: &Tile,
         sums: &mut [i32],
+        ahead: &mut Ahead,
     ) {
         let (format, rows) = (&plan.format, tile.rows);
         let n = rows.len() / format.row_bytes;
@@ -1415,7 +1449,10 @@ mod kernels {
             5, 13, 6, 14, 7, 15,
         );
         let zeros = [0u8; 16];
+        // The tile's prefetches, spread over its groups.
+        let share = n.div_ceil(plan.groups_at.len());
         for (g, &at) in plan.groups_at.iter().enumerate() {
+            ahead.rows(share);
             let m = g / per_map;
             for first in (0..n).step_by(16) {
                 let mut acc = [[_mm256_setzero_si256(); 2]; HEADS];
@@ -1486,6 +1523,7 @@ mod kernels {
         tile: &Tile,
         sums: &mut [i32],
         levels: &mut [__m256i],
+        ahead: &mut Ahead,
     ) {
         let (format, rows) = (&plan.format, tile.rows);
         let n = rows.len() / format.row_bytes;
@@ -1493,6 +1531,7 @@ mod kernels {
         let (pairs, vectors) = (w / (2 * GROUP), w / 16);
         let decoder = Decoder::new(plan);
         for t in 0..n {
+            ahead.rows(1);
             let row = rows.as_ptr().add(t * format.row_bytes);
             let out = levels.as_mut_ptr().add(t * vectors);
             for p in 0..pairs {

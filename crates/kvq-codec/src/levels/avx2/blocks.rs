@@ -1,36 +1,50 @@
-//! The AVX2 kernels on interleaved blocks ([`Interleaving`], `crate::interleaved`) of 4-bit
-//! codes without a table (`q4_0`, `q4_1`, `int4-g*`). The blocks hold each kernel's vectors
-//! as it reads them, so that no row's bytes are rearranged and no score is reduced across
-//! lanes:
+//! The AVX2 kernels on interleaved blocks ([`Interleaving`], `crate::interleaved`) of 2-, 3-
+//! and 4-bit codes without a table (`q4_0`, `q4_1`, `int4-g*`, `int3-g*`, `int2-g*`). The
+//! blocks hold each kernel's vectors as it reads them, so that no row's bytes are rearranged
+//! and no score is reduced across lanes:
 //!
-//! * Scores (keys, [`KernelOrder::Scores`]): a vector holds one 32-bit code word of 8 rows;
-//!   `vpmaddubsw` multiplies its low and its high nibbles by the query's words broadcast, the
-//!   16-bit sums add up over a group (4 words: `8·2·15·127 < 2¹⁵`) before `vpmaddwd` widens
-//!   them, and each lane ends as one row's score, finished and stored 8 rows at a time.
-//! * Sums (values, [`KernelOrder::Sums`]): a vector holds 8 stream bytes of a quad of rows;
-//!   against the quad's 4 rounded weights broadcast, `vpmaddubsw` adds two rows' products per
-//!   channel, the 16-bit sums add up over 8 quads, and each head's float sums are kept in the
-//!   kernel's slot order until the call's end puts them in channel order.
+//! * Scores (keys, [`KernelOrder::Scores`]): a vector holds one 32-bit word of 8 rows (a
+//!   nibble word, or a bit plane of a group); each *cut* of it, 4 codes of each row one per
+//!   byte (the low or high nibbles, or a plane's bit pairs with their third bits), meets the
+//!   query's matching word broadcast in `vpmaddubsw`; the 16-bit sums add up over a group (8
+//!   cuts: `8·2·15·127 < 2¹⁵`) before `vpmaddwd` widens them, and each lane ends as one row's
+//!   score, finished and stored 8 rows at a time.
+//! * Sums (values, [`KernelOrder::Sums`]): a vector holds a byte of each of 8 channels of a
+//!   quad of rows (two channels' nibbles, or four channels' bit pairs and third bits); against
+//!   the quad's 4 rounded weights broadcast, `vpmaddubsw` adds two rows' products per channel,
+//!   the 16-bit sums add up over 8 quads (4-bit codes) or a tile, and each head's float sums
+//!   are kept in the kernel's slot order until the call's end puts them in channel order.
 //!
 //! The roundings are the row kernels' ([`super`]): the query's i8 copy, and per tile of
 //! [`TILE_ROWS`] rows, head and map the weights times the rows' scales rounded to i8.
 
 use super::{available, path, Path, HEADS};
 use crate::levels::{
-    run_slots, Interleaving, KernelOrder, LevelFormat, GROUP, INTERLEAVED_ROWS, MAP_WORDS,
-    QUERY_MAP, TILE_ROWS,
+    run_slots, CodeLayout, Interleaving, KernelOrder, LevelFormat, GROUP, INTERLEAVED_ROWS,
+    MAP_WORDS, QUERY_MAP, TILE_ROWS,
 };
 use crate::simd::Ahead;
 use std::cell::RefCell;
 
 /// Whether these kernels read blocks of `runs` in place: [`available`], and every run's format
-/// has 4-bit codes without a table.
+/// has 4-bit codes, or packed 2- or 3-bit codes, without a table.
 pub fn takes(runs: &[Interleaving]) -> bool {
-    available()
-        && !runs.is_empty()
-        && runs
-            .iter()
-            .all(|r| r.format.supported() && path(&r.format) == Some(Path::Nibbles))
+    let format_fits = |f: &LevelFormat| {
+        let planes = f.table.is_none() && matches!(f.codes, CodeLayout::Packed { bits: 2 | 3, .. });
+        f.supported() && (path(f) == Some(Path::Nibbles) || planes)
+    };
+    available() && !runs.is_empty() && runs.iter().all(|r| format_fits(&r.format))
+}
+
+/// The slot of the sums kernel that holds position `i` of a row's code stream: 4-bit codes'
+/// slot `16c + 8·nibble + l` holds the low (0) or high (1) nibble of stream byte `8c + l`,
+/// narrower codes' slots are their positions.
+fn slot_of(format: &LevelFormat, i: usize) -> usize {
+    if format.code_bits() == 4 {
+        16 * (i / 16) + 8 * (i % 2) + (i % 16) / 2
+    } else {
+        i
+    }
 }
 
 /// A thread's scratch: the score kernel's queries (per [`HEADS`] heads), the sums kernel's
@@ -160,17 +174,14 @@ pub fn accumulate_interleaved(
                     };
                 }
             }
-            // Slot `16i + 8·nibble + l`: the low (0) or high (1) nibble of stream byte
-            // `8i + l`, in group `i / 2`.
             let per_map = format.maps.channels / GROUP;
             for (h, acc) in accs.iter_mut().enumerate() {
                 let acc = &mut acc[run.first..run.first + w];
-                let constants = &constants[h * MAP_WORDS..];
-                for (i, slots) in slots[h * w..][..w].chunks_exact(16).enumerate() {
-                    let constant = constants[i / 2 / per_map];
-                    for (s, &x) in slots.iter().enumerate() {
-                        let position = 16 * i + 2 * (s % 8) + s / 8;
-                        acc[format.stream_channel(position)] += x + constant;
+                let (slots, constants) = (&slots[h * w..][..w], &constants[h * MAP_WORDS..]);
+                for g in 0..w / GROUP {
+                    let constant = constants[g / per_map];
+                    for i in GROUP * g..GROUP * (g + 1) {
+                        acc[format.stream_channel(i)] += slots[slot_of(format, i)] + constant;
                     }
                 }
             }
@@ -183,6 +194,7 @@ mod kernels {
     use super::super::kernels::{nibbles, round_weights, Rounded};
     use super::{
         Ahead, Interleaving, LevelFormat, GROUP, HEADS, INTERLEAVED_ROWS, MAP_WORDS, QUERY_MAP,
+        TILE_ROWS,
     };
     use std::arch::x86_64::*;
 
@@ -249,17 +261,58 @@ mod kernels {
     ) {
         let format = &run.format;
         let one_map = format.maps.channels >= format.width;
+        macro_rules! by_bits {
+            ($one:literal, $min:literal) => {
+                match format.code_bits() {
+                    4 => score_tile_as::<$one, $min, 4>(run, q, tile, out, add, ahead),
+                    3 => score_tile_as::<$one, $min, 3>(run, q, tile, out, add, ahead),
+                    _ => score_tile_as::<$one, $min, 2>(run, q, tile, out, add, ahead),
+                }
+            };
+        }
         match (one_map, format.maps.min_at.is_some()) {
-            (true, true) => score_tile_as::<true, true>(run, q, tile, out, add, ahead),
-            (true, false) => score_tile_as::<true, false>(run, q, tile, out, add, ahead),
-            (false, true) => score_tile_as::<false, true>(run, q, tile, out, add, ahead),
-            (false, false) => score_tile_as::<false, false>(run, q, tile, out, add, ahead),
+            (true, true) => by_bits!(true, true),
+            (true, false) => by_bits!(true, false),
+            (false, true) => by_bits!(false, true),
+            (false, false) => by_bits!(false, false),
         }
     }
 
-    /// [`score_tile`] for rows with one map or several (`ONE_MAP`), with minimums or without.
+    /// Bit `from` of each byte of `v` moved to bit `to`, the others 0.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn score_tile_as<const ONE_MAP: bool, const MIN: bool>(
+    unsafe fn bit_to(v: __m256i, from: usize, to: usize) -> __m256i {
+        let moved = if from >= to {
+            _mm256_srl_epi16(v, _mm_cvtsi32_si128((from - to) as i32))
+        } else {
+            _mm256_sll_epi16(v, _mm_cvtsi32_si128((to - from) as i32))
+        };
+        _mm256_and_si256(moved, _mm256_set1_epi8(1 << to))
+    }
+
+    /// Bits `2j` and `2j + 1` of each byte of `low`, and for 3-bit codes bit `high_bit` of
+    /// each byte of `high` above them: 4 codes of a bit plane's cut, one per byte.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn plane_codes<const BITS: usize>(
+        low: __m256i,
+        j: usize,
+        high: __m256i,
+        high_bit: usize,
+    ) -> __m256i {
+        let pairs = _mm256_srl_epi16(low, _mm_cvtsi32_si128(2 * j as i32));
+        let pairs = _mm256_and_si256(pairs, _mm256_set1_epi8(3));
+        if BITS == 3 {
+            _mm256_or_si256(pairs, bit_to(high, high_bit, 2))
+        } else {
+            pairs
+        }
+    }
+
+    /// [`score_tile`] for rows with one map or several (`ONE_MAP`), with minimums or without,
+    /// and `BITS`-bit codes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn score_tile_as<const ONE_MAP: bool, const MIN: bool, const BITS: usize>(
         run: &Interleaving,
         q: &Queries,
         tile: &[u8],
@@ -276,24 +329,40 @@ mod kernels {
         let n = tile.len() / run.block_bytes() * INTERLEAVED_ROWS;
         for t in (0..n).step_by(8) {
             ahead.rows(8);
-            // Word `j` of the 8 rows at `codes + 64j`.
+            // Word `j` of the 8 rows (nibble word `j`, or plane `j mod BITS` of group
+            // `j / BITS`) at `codes + 64j`.
             let codes = tile
                 .as_ptr()
                 .add(t / INTERLEAVED_ROWS * run.block_bytes() + run.codes_at)
                 .add(4 * (t % INTERLEAVED_ROWS));
+            let word = |j: usize| _mm256_loadu_si256(codes.add(64 * j) as *const _);
             let mut score = [_mm256_setzero_ps(); HEADS];
             let mut dots = [_mm256_setzero_si256(); HEADS];
             for g in 0..w / GROUP {
+                // Cut `k` of the group meets query word `8g + k`.
                 let mut sums = [_mm256_setzero_si256(); HEADS];
-                for j in 4 * g..4 * g + 4 {
-                    let [low, high] = nibbles(_mm256_loadu_si256(codes.add(64 * j) as *const _));
+                let mut add = |k: usize, codes: __m256i| {
                     for (h, sum) in sums.iter_mut().enumerate() {
-                        let word = words.add(h * w / 4 + 2 * j);
-                        let products = _mm256_add_epi16(
-                            _mm256_maddubs_epi16(low, *word),
-                            _mm256_maddubs_epi16(high, *word.add(1)),
-                        );
-                        *sum = _mm256_add_epi16(*sum, products);
+                        let query = *words.add(h * w / 4 + 8 * g + k);
+                        *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(codes, query));
+                    }
+                };
+                if BITS == 4 {
+                    for j in 0..4 {
+                        let [low, high] = nibbles(word(4 * g + j));
+                        add(2 * j, low);
+                        add(2 * j + 1, high);
+                    }
+                } else {
+                    let planes: [__m256i; 3] = std::array::from_fn(|p| {
+                        if p < BITS {
+                            word(BITS * g + p)
+                        } else {
+                            _mm256_setzero_si256()
+                        }
+                    });
+                    for k in 0..8 {
+                        add(k, plane_codes::<BITS>(planes[k / 4], k % 4, planes[2], k));
                     }
                 }
                 let wide = sums.map(|s| _mm256_madd_epi16(s, ones));
@@ -367,6 +436,32 @@ mod kernels {
         let n = tile.len() / run.block_bytes() * INTERLEAVED_ROWS;
         let word = |k: usize, t: usize| map_word(run, tile, k, t);
         round_weights(format, false, weights, n, word, rounded);
+        match format.code_bits() {
+            4 => sum_nibbles(run, tile, n, weights.len(), rounded, slots, ahead),
+            3 => sum_planes::<3>(run, tile, n, weights.len(), rounded, slots, ahead),
+            _ => sum_planes::<2>(run, tile, n, weights.len(), rounded, slots, ahead),
+        }
+        for (h, constants) in constants.chunks_exact_mut(MAP_WORDS).enumerate() {
+            for (c, &x) in constants.iter_mut().zip(&rounded.constants[h]) {
+                *c += x;
+            }
+        }
+    }
+
+    /// [`sum_tile`]'s integer sums of 4-bit codes (`n` rows, `heads` present): per 8 stream
+    /// bytes (16 slots) 8 quads at a time.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sum_nibbles(
+        run: &Interleaving,
+        tile: &[u8],
+        n: usize,
+        heads: usize,
+        rounded: &Rounded,
+        slots: &mut [f32],
+        ahead: &mut Ahead,
+    ) {
+        let format = &run.format;
         let (w, stream) = (format.width, format.stream_bytes());
         let per_map = format.maps.channels / GROUP;
         let ones = _mm256_set1_epi16(1);
@@ -393,7 +488,7 @@ mod kernels {
                         sums[1] = _mm256_add_epi16(sums[1], _mm256_maddubs_epi16(high, weights));
                     }
                 }
-                for (h, sums) in sums.iter().enumerate().take(weights.len()) {
+                for (h, sums) in sums.iter().enumerate().take(heads) {
                     let step = _mm256_set1_ps(rounded.steps[h][m]);
                     for (nibble, &sum) in sums.iter().enumerate() {
                         let at = slots.as_mut_ptr().add(h * w + 16 * i + 8 * nibble);
@@ -403,9 +498,88 @@ mod kernels {
                 }
             }
         }
-        for (h, constants) in constants.chunks_exact_mut(MAP_WORDS).enumerate() {
-            for (c, &x) in constants.iter_mut().zip(&rounded.constants[h]) {
-                *c += x;
+    }
+
+    /// Each head's 16-bit sums over `n` rows (pairs of quads from `at(t)`) of bit pair `J` of
+    /// `BITS`-bit codes in bit planes against the rounded `weights` of map `m`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sum_pairs<const BITS: usize, const J: usize>(
+        at: impl Fn(usize) -> *const u8,
+        n: usize,
+        weights: &[[[i8; TILE_ROWS]; MAP_WORDS]; HEADS],
+        m: usize,
+    ) -> [__m256i; HEADS] {
+        let mut sums = [_mm256_setzero_si256(); HEADS];
+        for t in (0..n).step_by(8) {
+            let at = at(t);
+            let high = if BITS == 3 {
+                _mm256_loadu_si256(at.add(128) as *const _)
+            } else {
+                _mm256_setzero_si256()
+            };
+            for quad in 0..2 {
+                let low = _mm256_loadu_si256(at.add(64 * quad) as *const _);
+                let codes = plane_codes::<BITS>(low, J, high, 4 * quad + J);
+                for (h, sum) in sums.iter_mut().enumerate() {
+                    let four = weights[h][m].as_ptr().add(t + 4 * quad) as *const i32;
+                    let weights = _mm256_set1_epi32(four.read_unaligned());
+                    *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(codes, weights));
+                }
+            }
+        }
+        sums
+    }
+
+    /// [`sum_tile`]'s integer sums of `BITS`-bit codes in bit planes (`n` rows, `heads`
+    /// present): per 8 channels (a slice of 64, a half of its bytes, a bit pair `j`) the whole
+    /// tile's quads at once (`16·2·7·127 < 2¹⁵`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sum_planes<const BITS: usize>(
+        run: &Interleaving,
+        tile: &[u8],
+        n: usize,
+        heads: usize,
+        rounded: &Rounded,
+        slots: &mut [f32],
+        ahead: &mut Ahead,
+    ) {
+        let format = &run.format;
+        let w = format.width;
+        let (per_map, slices) = (format.maps.channels / GROUP, w / 64);
+        let ones = _mm256_set1_epi16(1);
+        // Per pair of quads and slice, `BITS` planes of 64 bytes: byte `4l + r` of plane `q`
+        // (quad `q` of the pair) holds bits `2j, 2j + 1` of channel `64s + 16j + l` of its row
+        // `r`; of the third plane, bit `4q + j` that channel's third bit.
+        let planes = |t: usize, s: usize| {
+            let pair = t % INTERLEAVED_ROWS / 8;
+            tile.as_ptr()
+                .add(t / INTERLEAVED_ROWS * run.block_bytes() + run.codes_at)
+                .add(64 * BITS * (slices * pair + s))
+        };
+        let share = n.div_ceil(4 * slices);
+        for s in 0..slices {
+            for half in 0..2 {
+                for j in 0..4 {
+                    ahead.rows(share);
+                    let m = (64 * s + 16 * j) / GROUP / per_map;
+                    let weights = &rounded.weights;
+                    let at = |t: usize| planes(t, s).add(32 * half);
+                    let sums = match j {
+                        0 => sum_pairs::<BITS, 0>(at, n, weights, m),
+                        1 => sum_pairs::<BITS, 1>(at, n, weights, m),
+                        2 => sum_pairs::<BITS, 2>(at, n, weights, m),
+                        _ => sum_pairs::<BITS, 3>(at, n, weights, m),
+                    };
+                    let channel = 64 * s + 16 * j + 8 * half;
+                    for (h, &sum) in sums.iter().enumerate().take(heads) {
+                        let at = slots.as_mut_ptr().add(h * w + channel);
+                        let sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones));
+                        let step = _mm256_set1_ps(rounded.steps[h][m]);
+                        _mm256_storeu_ps(at, _mm256_fmadd_ps(sum, step, _mm256_loadu_ps(at)));
+                    }
+                }
             }
         }
     }
