@@ -53,9 +53,11 @@ fn slot_of(format: &LevelFormat, i: usize) -> usize {
 struct Scratch {
     #[cfg(target_arch = "x86_64")]
     queries: Vec<kernels::Queries>,
-    /// A tile's rounded weights.
+    /// A tile's rounded weights, and per map broadcast a quad at a time.
     #[cfg(target_arch = "x86_64")]
     rounded: super::kernels::Rounded,
+    #[cfg(target_arch = "x86_64")]
+    quads: Vec<kernels::QuadWeights>,
     slots: Vec<f32>,
     constants: Vec<f32>,
 }
@@ -138,6 +140,7 @@ pub fn accumulate_interleaved(
             slots,
             constants,
             rounded,
+            quads,
             ..
         } = &mut *scratch.borrow_mut();
         let heads = weights.len().next_multiple_of(HEADS);
@@ -169,6 +172,7 @@ pub fn accumulate_interleaved(
                             &mut slots[c * HEADS * w..][..HEADS * w],
                             &mut constants[c * HEADS * MAP_WORDS..][..HEADS * MAP_WORDS],
                             rounded,
+                            quads,
                             ahead,
                         )
                     };
@@ -418,10 +422,14 @@ mod kernels {
         }
     }
 
+    /// Per map, quad of a tile and head, the quad's 4 rounded weights in every lane.
+    pub type QuadWeights = [[__m256i; HEADS]; TILE_ROWS / 4];
+
     /// Adds up to four heads' weighted sums of a tile of `run`'s blocks (values), `weights`
-    /// one slice of the tile's rows per head: the rounded weights' integer sums, 8 quads at a
-    /// time, scaled into `slots` (`width` per head, in the kernel's order), and each map's
-    /// constant into `constants` ([`MAP_WORDS`] per head).
+    /// one slice of the tile's rows per head: the rounded weights' integer sums scaled into
+    /// `slots` (`width` per head, in the kernel's order), and each map's constant into
+    /// `constants` ([`MAP_WORDS`] per head). `rounded` and `quads` are scratch.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn sum_tile(
         run: &Interleaving,
@@ -430,16 +438,40 @@ mod kernels {
         slots: &mut [f32],
         constants: &mut [f32],
         rounded: &mut Rounded,
+        quads: &mut Vec<QuadWeights>,
         ahead: &mut Ahead,
     ) {
         let format = &run.format;
         let n = tile.len() / run.block_bytes() * INTERLEAVED_ROWS;
         let word = |k: usize, t: usize| map_word(run, tile, k, t);
         round_weights(format, false, weights, n, word, rounded);
+        // The planes' sums read each quad's weights 16 times per 128 channels: broadcast once.
+        let maps = if format.code_bits() < 4 {
+            format.maps()
+        } else {
+            0
+        };
+        quads.resize(maps, [[_mm256_setzero_si256(); HEADS]; TILE_ROWS / 4]);
+        for (m, quads) in quads.iter_mut().enumerate().take(maps) {
+            for (q, quad) in quads.iter_mut().enumerate().take(n / 4) {
+                for (h, x) in quad.iter_mut().enumerate() {
+                    let four = rounded.weights[h][m].as_ptr().add(4 * q) as *const i32;
+                    *x = _mm256_set1_epi32(four.read_unaligned());
+                }
+            }
+        }
+        let sums = Sums {
+            run,
+            tile,
+            n,
+            heads: weights.len(),
+            rounded,
+            quads,
+        };
         match format.code_bits() {
-            4 => sum_nibbles(run, tile, n, weights.len(), rounded, slots, ahead),
-            3 => sum_planes::<3>(run, tile, n, weights.len(), rounded, slots, ahead),
-            _ => sum_planes::<2>(run, tile, n, weights.len(), rounded, slots, ahead),
+            4 => sums.nibbles(slots, ahead),
+            3 => sums.planes::<3>(slots, ahead),
+            _ => sums.planes::<2>(slots, ahead),
         }
         for (h, constants) in constants.chunks_exact_mut(MAP_WORDS).enumerate() {
             for (c, &x) in constants.iter_mut().zip(&rounded.constants[h]) {
@@ -448,139 +480,139 @@ mod kernels {
         }
     }
 
-    /// [`sum_tile`]'s integer sums of 4-bit codes (`n` rows, `heads` present): per 8 stream
-    /// bytes (16 slots) 8 quads at a time.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn sum_nibbles(
-        run: &Interleaving,
-        tile: &[u8],
+    /// What [`sum_tile`]'s integer sums read: a tile of `n` rows, `heads` of them present, and
+    /// the rounding's steps and broadcast weights.
+    struct Sums<'a> {
+        run: &'a Interleaving,
+        tile: &'a [u8],
         n: usize,
         heads: usize,
-        rounded: &Rounded,
-        slots: &mut [f32],
-        ahead: &mut Ahead,
-    ) {
-        let format = &run.format;
-        let (w, stream) = (format.width, format.stream_bytes());
-        let per_map = format.maps.channels / GROUP;
-        let ones = _mm256_set1_epi16(1);
-        // Stream bytes `8i…8i + 7` of rows `t…t + 3` at `quad(t) + 32i`.
-        let quad = |t: usize| {
-            tile.as_ptr()
-                .add(t / INTERLEAVED_ROWS * run.block_bytes() + run.codes_at)
-                .add(t % INTERLEAVED_ROWS / 4 * 4 * stream)
-        };
-        // The tile's prefetches, spread over its chunks.
-        let share = n.div_ceil(stream / 8);
-        for i in 0..stream / 8 {
-            ahead.rows(share);
-            let m = 16 * i / GROUP / per_map;
-            for from in (0..n).step_by(32) {
-                let mut sums = [[_mm256_setzero_si256(); 2]; HEADS];
-                for t in (from..n.min(from + 32)).step_by(4) {
-                    let v = _mm256_loadu_si256(quad(t).add(32 * i) as *const _);
-                    let [low, high] = nibbles(v);
-                    for (h, sums) in sums.iter_mut().enumerate() {
-                        let four = rounded.weights[h][m].as_ptr().add(t) as *const i32;
-                        let weights = _mm256_set1_epi32(four.read_unaligned());
-                        sums[0] = _mm256_add_epi16(sums[0], _mm256_maddubs_epi16(low, weights));
-                        sums[1] = _mm256_add_epi16(sums[1], _mm256_maddubs_epi16(high, weights));
+        rounded: &'a Rounded,
+        quads: &'a [QuadWeights],
+    }
+
+    impl Sums<'_> {
+        /// Adds each head's 16-bit `sums` of the 8 slots from `slot`, widened and scaled by
+        /// map `m`'s step, into `slots`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn scale_into(
+            &self,
+            sums: &[__m256i; HEADS],
+            m: usize,
+            slots: &mut [f32],
+            slot: usize,
+        ) {
+            let w = self.run.format.width;
+            for (h, &sum) in sums.iter().enumerate().take(self.heads) {
+                let at = slots.as_mut_ptr().add(h * w + slot);
+                let sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, _mm256_set1_epi16(1)));
+                let step = _mm256_set1_ps(self.rounded.steps[h][m]);
+                _mm256_storeu_ps(at, _mm256_fmadd_ps(sum, step, _mm256_loadu_ps(at)));
+            }
+        }
+
+        /// 4-bit codes: per 8 stream bytes (16 slots) 8 quads at a time (`8·2·15·127 < 2¹⁵`).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn nibbles(&self, slots: &mut [f32], ahead: &mut Ahead) {
+            let (run, block_bytes) = (self.run, self.run.block_bytes());
+            let stream = run.format.stream_bytes();
+            let per_map = run.format.maps.channels / GROUP;
+            // Stream bytes `8i…8i + 7` of quad `q` of a block at `codes_at + 4q·stream + 32i`.
+            let share = self.n.div_ceil(stream / 8);
+            for i in 0..stream / 8 {
+                ahead.rows(share);
+                let m = 16 * i / GROUP / per_map;
+                let at = self.tile.as_ptr().add(run.codes_at + 32 * i);
+                for first in (0..self.n / INTERLEAVED_ROWS).step_by(2) {
+                    let mut sums = [[_mm256_setzero_si256(); HEADS]; 2];
+                    for b in first..(first + 2).min(self.n / INTERLEAVED_ROWS) {
+                        for q in 0..4 {
+                            let codes = at.add(b * block_bytes + 4 * q * stream);
+                            let [low, high] = nibbles(_mm256_loadu_si256(codes as *const _));
+                            for h in 0..HEADS {
+                                let weights = self.rounded.weights[h][m].as_ptr();
+                                let four = weights.add(16 * b + 4 * q) as *const i32;
+                                let w = _mm256_set1_epi32(four.read_unaligned());
+                                for (sums, codes) in sums.iter_mut().zip([low, high]) {
+                                    let products = _mm256_maddubs_epi16(codes, w);
+                                    sums[h] = _mm256_add_epi16(sums[h], products);
+                                }
+                            }
+                        }
                     }
-                }
-                for (h, sums) in sums.iter().enumerate().take(heads) {
-                    let step = _mm256_set1_ps(rounded.steps[h][m]);
-                    for (nibble, &sum) in sums.iter().enumerate() {
-                        let at = slots.as_mut_ptr().add(h * w + 16 * i + 8 * nibble);
-                        let sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones));
-                        _mm256_storeu_ps(at, _mm256_fmadd_ps(sum, step, _mm256_loadu_ps(at)));
+                    for (nibble, sums) in sums.iter().enumerate() {
+                        self.scale_into(sums, m, slots, 16 * i + 8 * nibble);
                     }
                 }
             }
         }
-    }
 
-    /// Each head's 16-bit sums over `n` rows (pairs of quads from `at(t)`) of bit pair `J` of
-    /// `BITS`-bit codes in bit planes against the rounded `weights` of map `m`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn sum_pairs<const BITS: usize, const J: usize>(
-        at: impl Fn(usize) -> *const u8,
-        n: usize,
-        weights: &[[[i8; TILE_ROWS]; MAP_WORDS]; HEADS],
-        m: usize,
-    ) -> [__m256i; HEADS] {
-        let mut sums = [_mm256_setzero_si256(); HEADS];
-        for t in (0..n).step_by(8) {
-            let at = at(t);
-            let high = if BITS == 3 {
-                _mm256_loadu_si256(at.add(128) as *const _)
-            } else {
-                _mm256_setzero_si256()
-            };
-            for quad in 0..2 {
-                let low = _mm256_loadu_si256(at.add(64 * quad) as *const _);
-                let codes = plane_codes::<BITS>(low, J, high, 4 * quad + J);
-                for (h, sum) in sums.iter_mut().enumerate() {
-                    let four = weights[h][m].as_ptr().add(t + 4 * quad) as *const i32;
-                    let weights = _mm256_set1_epi32(four.read_unaligned());
-                    *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(codes, weights));
+        /// `BITS`-bit codes in bit planes: per 8 channels (a slice of 64, a half of its
+        /// bytes, a bit pair `j`) the whole tile's quads at once (`16·2·7·127 < 2¹⁵`).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn planes<const BITS: usize>(&self, slots: &mut [f32], ahead: &mut Ahead) {
+            let format = &self.run.format;
+            let (per_map, slices) = (format.maps.channels / GROUP, format.width / 64);
+            let share = self.n.div_ceil(4 * slices);
+            for s in 0..slices {
+                for half in 0..2 {
+                    for j in 0..4 {
+                        ahead.rows(share);
+                        let m = (64 * s + 16 * j) / GROUP / per_map;
+                        let sums = match j {
+                            0 => self.pairs::<BITS, 0>(s, half, m),
+                            1 => self.pairs::<BITS, 1>(s, half, m),
+                            2 => self.pairs::<BITS, 2>(s, half, m),
+                            _ => self.pairs::<BITS, 3>(s, half, m),
+                        };
+                        self.scale_into(&sums, m, slots, 64 * s + 16 * j + 8 * half);
+                    }
                 }
             }
         }
-        sums
-    }
 
-    /// [`sum_tile`]'s integer sums of `BITS`-bit codes in bit planes (`n` rows, `heads`
-    /// present): per 8 channels (a slice of 64, a half of its bytes, a bit pair `j`) the whole
-    /// tile's quads at once (`16·2·7·127 < 2¹⁵`).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn sum_planes<const BITS: usize>(
-        run: &Interleaving,
-        tile: &[u8],
-        n: usize,
-        heads: usize,
-        rounded: &Rounded,
-        slots: &mut [f32],
-        ahead: &mut Ahead,
-    ) {
-        let format = &run.format;
-        let w = format.width;
-        let (per_map, slices) = (format.maps.channels / GROUP, w / 64);
-        let ones = _mm256_set1_epi16(1);
-        // Per pair of quads and slice, `BITS` planes of 64 bytes: byte `4l + r` of plane `q`
-        // (quad `q` of the pair) holds bits `2j, 2j + 1` of channel `64s + 16j + l` of its row
-        // `r`; of the third plane, bit `4q + j` that channel's third bit.
-        let planes = |t: usize, s: usize| {
-            let pair = t % INTERLEAVED_ROWS / 8;
-            tile.as_ptr()
-                .add(t / INTERLEAVED_ROWS * run.block_bytes() + run.codes_at)
-                .add(64 * BITS * (slices * pair + s))
-        };
-        let share = n.div_ceil(4 * slices);
-        for s in 0..slices {
-            for half in 0..2 {
-                for j in 0..4 {
-                    ahead.rows(share);
-                    let m = (64 * s + 16 * j) / GROUP / per_map;
-                    let weights = &rounded.weights;
-                    let at = |t: usize| planes(t, s).add(32 * half);
-                    let sums = match j {
-                        0 => sum_pairs::<BITS, 0>(at, n, weights, m),
-                        1 => sum_pairs::<BITS, 1>(at, n, weights, m),
-                        2 => sum_pairs::<BITS, 2>(at, n, weights, m),
-                        _ => sum_pairs::<BITS, 3>(at, n, weights, m),
+        /// Each head's 16-bit sums over the tile of bit pair `J` of `BITS`-bit codes in bit
+        /// planes, in half `half` of slice `s`, against map `m`'s weights. Per pair of quads
+        /// and slice, `BITS` planes of 64 bytes: byte `4l + r` of plane `q` (quad `q` of the
+        /// pair) holds bits `2j, 2j + 1` of channel `64s + 16j + l` of its row `r`; of the
+        /// third plane, bit `4q + j` that channel's third bit.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn pairs<const BITS: usize, const J: usize>(
+            &self,
+            s: usize,
+            half: usize,
+            m: usize,
+        ) -> [__m256i; HEADS] {
+            let (run, block_bytes) = (self.run, self.run.block_bytes());
+            let pair_bytes = 64 * BITS * run.format.width / 64;
+            let at = self
+                .tile
+                .as_ptr()
+                .add(run.codes_at + 64 * BITS * s + 32 * half);
+            let mut sums = [_mm256_setzero_si256(); HEADS];
+            for b in 0..self.n / INTERLEAVED_ROWS {
+                for pair in 0..2 {
+                    let at = at.add(b * block_bytes + pair * pair_bytes);
+                    let high = if BITS == 3 {
+                        _mm256_loadu_si256(at.add(128) as *const _)
+                    } else {
+                        _mm256_setzero_si256()
                     };
-                    let channel = 64 * s + 16 * j + 8 * half;
-                    for (h, &sum) in sums.iter().enumerate().take(heads) {
-                        let at = slots.as_mut_ptr().add(h * w + channel);
-                        let sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones));
-                        let step = _mm256_set1_ps(rounded.steps[h][m]);
-                        _mm256_storeu_ps(at, _mm256_fmadd_ps(sum, step, _mm256_loadu_ps(at)));
+                    for q in 0..2 {
+                        let low = _mm256_loadu_si256(at.add(64 * q) as *const _);
+                        let codes = plane_codes::<BITS>(low, J, high, 4 * q + J);
+                        let weights = &self.quads[m][4 * b + 2 * pair + q];
+                        for (sum, w) in sums.iter_mut().zip(weights) {
+                            *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(codes, *w));
+                        }
                     }
                 }
             }
+            sums
         }
     }
 }
