@@ -438,7 +438,7 @@ pub fn exp_shifted(xs: &mut [f32], max: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if use_avx2() {
         // SAFETY: the CPU supports AVX2 and FMA.
-        return unsafe { avx2::exp_shifted(xs, max) };
+        return unsafe { avx2::exp_shifted_below(xs, max, f32::INFINITY).0 };
     }
     let mut sum = 0.0;
     for x in xs.iter_mut() {
@@ -449,7 +449,7 @@ pub fn exp_shifted(xs: &mut [f32], max: f32) -> f32 {
 }
 
 /// [`exp_shifted`] of the longest prefix of `xs` whose values are at most `max + headroom`
-/// (on the vector path, whole 16-value chunks): the softmax step against a reference that may
+/// (on the vector paths, whole chunks of 16 or 8 values): the softmax step against a reference that may
 /// lie below the largest score, one pass instead of a pass for the maximum first. Returns the
 /// sum and the length done; a caller that gets less than `xs.len()` raises the reference.
 pub fn exp_shifted_below(xs: &mut [f32], max: f32, headroom: f32) -> (f32, usize) {
@@ -457,6 +457,11 @@ pub fn exp_shifted_below(xs: &mut [f32], max: f32, headroom: f32) -> (f32, usize
     if use_avx512() {
         // SAFETY: the CPU supports AVX-512F.
         return unsafe { avx512::exp_shifted_below(xs, max, headroom) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: the CPU supports AVX2 and FMA.
+        return unsafe { avx2::exp_shifted_below(xs, max, headroom) };
     }
     let n = xs
         .iter()
@@ -1183,59 +1188,72 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// `e^x` per lane for `x ≤ 0`: `2^n·e^f` with `n = round(x/ln 2)`, `|f| ≤ ln 2 / 2`, and a
-    /// degree-7 Taylor polynomial for `e^f`; lanes below −87 give 0.
+    /// `e^(x − max)` per lane (`max_log2e` is `max·log₂ e`) as AVX-512's `exp16` computes it:
+    /// `2^t` for `t = x·log₂ e − max·log₂ e`, `2^f` (`f = t − round(t)`) by a degree-5
+    /// polynomial and `round(t)` added to its exponent; lanes with `t ≤ −125` give 0.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn exp8(x: __m256) -> __m256 {
-        let tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0), _CMP_LT_OQ);
-        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
-        let n = _mm256_round_ps(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
-        );
-        // f = x − n·ln 2 in two steps (ln 2 = hi + lo, hi exact in 16 bits).
-        let f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
-        let f = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), f);
-        let mut p = _mm256_set1_ps(1.0 / 5040.0);
+    unsafe fn exp8(x: __m256, max_log2e: __m256) -> __m256 {
+        let t = _mm256_fmsub_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E), max_log2e);
+        let normal = _mm256_cmp_ps::<_CMP_GT_OQ>(t, _mm256_set1_ps(-125.0));
+        let whole = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+        let f = _mm256_sub_ps(t, whole);
+        let n = _mm256_slli_epi32::<23>(_mm256_cvtps_epi32(whole));
+        let mut p = _mm256_set1_ps(1.327_646_7e-3);
         for c in [
-            1.0 / 720.0,
-            1.0 / 120.0,
-            1.0 / 24.0,
-            1.0 / 6.0,
-            0.5,
-            1.0,
-            1.0,
+            9.675_541e-3,
+            5.550_713_5e-2,
+            0.240_221_2,
+            0.693_146_94,
+            1.000_000_1,
         ] {
             p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
         }
-        let two_n = _mm256_slli_epi32(
-            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
-            23,
-        );
-        _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(two_n)))
+        let scaled = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), n));
+        _mm256_and_ps(scaled, normal)
     }
 
-    /// [`super::exp_shifted`].
+    /// [`super::exp_shifted_below`] (and with an infinite headroom [`super::exp_shifted`]):
+    /// four vectors per step under one check, then 8 values at a time.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn exp_shifted(xs: &mut [f32], max: f32) -> f32 {
-        let m = _mm256_set1_ps(max);
-        let mut sum = _mm256_setzero_ps();
-        let mut chunks = xs.chunks_exact_mut(8);
-        for c in &mut chunks {
-            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), m));
-            _mm256_storeu_ps(c.as_mut_ptr(), e);
+    pub unsafe fn exp_shifted_below(xs: &mut [f32], max: f32, headroom: f32) -> (f32, usize) {
+        let max_log2e = _mm256_set1_ps(max * std::f32::consts::LOG2_E);
+        let ceiling = _mm256_set1_ps(max + headroom);
+        let over = |x: __m256| _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(x, ceiling));
+        let mut sums = [_mm256_setzero_ps(); 4];
+        let mut done = 0;
+        for chunk in xs.chunks_exact_mut(32) {
+            let p = chunk.as_mut_ptr();
+            let x: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)));
+            if x.iter().fold(0, |o, &x| o | over(x)) != 0 {
+                break;
+            }
+            for (i, (&x, sum)) in x.iter().zip(&mut sums).enumerate() {
+                let e = exp8(x, max_log2e);
+                _mm256_storeu_ps(p.add(8 * i), e);
+                *sum = _mm256_add_ps(*sum, e);
+            }
+            done += 32;
+        }
+        let mut sum = _mm256_add_ps(
+            _mm256_add_ps(sums[0], sums[1]),
+            _mm256_add_ps(sums[2], sums[3]),
+        );
+        for c in xs[done..].chunks_mut(8) {
+            // Lanes past the end: −∞, whose exponential is 0.
+            let mut lanes = [f32::NEG_INFINITY; 8];
+            lanes[..c.len()].copy_from_slice(c);
+            let x = _mm256_loadu_ps(lanes.as_ptr());
+            if over(x) != 0 {
+                return (hsum(sum), done);
+            }
+            let e = exp8(x, max_log2e);
+            _mm256_storeu_ps(lanes.as_mut_ptr(), e);
+            c.copy_from_slice(&lanes[..c.len()]);
             sum = _mm256_add_ps(sum, e);
+            done += c.len();
         }
-        let mut total = hsum(sum);
-        for x in chunks.into_remainder() {
-            let mut lane = [0f32; 8];
-            lane[0] = *x - max;
-            let e = exp8(_mm256_loadu_ps(lane.as_ptr()));
-            *x = _mm256_cvtss_f32(e);
-            total += *x;
-        }
-        total
+        (hsum(sum), done)
     }
 
     /// 8 values at element `i` of the row at `row`, in `F` (no bounds check).
@@ -1995,7 +2013,7 @@ mod tests {
 
     #[test]
     fn exp_below_a_headroom_stops_before_the_first_value_above_it() {
-        // Value 40 passes `max + headroom`: the vector path stops at its 16-value chunk (32),
+        // Value 40 passes `max + headroom`: the vector paths stop at its chunk (32 or 40),
         // the others at the value (40); what is done is exponentiated, the rest untouched.
         let mut xs: Vec<f32> = (0..100).map(|i| -((i % 11) as f32) * 0.5).collect();
         xs[40] = 20.0;
