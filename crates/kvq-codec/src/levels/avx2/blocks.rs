@@ -13,7 +13,8 @@
 //!   quad of rows (two channels' nibbles, or four channels' bit pairs and third bits); against
 //!   the quad's 4 rounded weights broadcast, `vpmaddubsw` adds two rows' products per channel,
 //!   the 16-bit sums add up over 8 quads (4-bit codes) or a tile, and each head's float sums
-//!   are kept in the kernel's slot order until the call's end puts them in channel order.
+//!   of the call (in channel order) are added to its accumulator with the maps' constants at
+//!   the end.
 //!
 //! The roundings are the row kernels' ([`super`]): the query's i8 copy, and per tile of
 //! [`TILE_ROWS`] rows, head and map the weights times the rows' scales rounded to i8.
@@ -34,17 +35,6 @@ pub fn takes(runs: &[Interleaving]) -> bool {
         f.supported() && (path(f) == Some(Path::Nibbles) || planes)
     };
     available() && !runs.is_empty() && runs.iter().all(|r| format_fits(&r.format))
-}
-
-/// The slot of the sums kernel that holds position `i` of a row's code stream: 4-bit codes'
-/// slot `16c + 8·nibble + l` holds the low (0) or high (1) nibble of stream byte `8c + l`,
-/// narrower codes' slots are their positions.
-fn slot_of(format: &LevelFormat, i: usize) -> usize {
-    if format.code_bits() == 4 {
-        16 * (i / 16) + 8 * (i % 2) + (i % 16) / 2
-    } else {
-        i
-    }
 }
 
 /// A thread's scratch: the score kernel's queries (per [`HEADS`] heads), the sums kernel's
@@ -182,10 +172,14 @@ pub fn accumulate_interleaved(
             for (h, acc) in accs.iter_mut().enumerate() {
                 let acc = &mut acc[run.first..run.first + w];
                 let (slots, constants) = (&slots[h * w..][..w], &constants[h * MAP_WORDS..]);
-                for g in 0..w / GROUP {
+                for (g, (acc, slots)) in acc
+                    .chunks_exact_mut(GROUP)
+                    .zip(slots.chunks_exact(GROUP))
+                    .enumerate()
+                {
                     let constant = constants[g / per_map];
-                    for i in GROUP * g..GROUP * (g + 1) {
-                        acc[format.stream_channel(i)] += slots[slot_of(format, i)] + constant;
+                    for (a, &x) in acc.iter_mut().zip(slots) {
+                        *a += x + constant;
                     }
                 }
             }
@@ -197,8 +191,8 @@ pub fn accumulate_interleaved(
 mod kernels {
     use super::super::kernels::{nibbles, round_weights, Rounded};
     use super::{
-        Ahead, Interleaving, LevelFormat, GROUP, HEADS, INTERLEAVED_ROWS, MAP_WORDS, QUERY_MAP,
-        TILE_ROWS,
+        Ahead, CodeLayout, Interleaving, LevelFormat, GROUP, HEADS, INTERLEAVED_ROWS, MAP_WORDS,
+        QUERY_MAP, TILE_ROWS,
     };
     use std::arch::x86_64::*;
 
@@ -427,7 +421,7 @@ mod kernels {
 
     /// Adds up to four heads' weighted sums of a tile of `run`'s blocks (values), `weights`
     /// one slice of the tile's rows per head: the rounded weights' integer sums scaled into
-    /// `slots` (`width` per head, in the kernel's order), and each map's constant into
+    /// `slots` (`width` per head, in channel order), and each map's constant into
     /// `constants` ([`MAP_WORDS`] per head). `rounded` and `quads` are scratch.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -491,9 +485,24 @@ mod kernels {
         quads: &'a [QuadWeights],
     }
 
+    /// Adds `v` to the 8 values at `at`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn add_to(at: *mut f32, v: __m256) {
+        _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), v));
+    }
+
     impl Sums<'_> {
-        /// Adds each head's 16-bit `sums` of the 8 slots from `slot`, widened and scaled by
-        /// map `m`'s step, into `slots`.
+        /// Head `h`'s 16-bit `sum` of 8 channels widened and scaled by map `m`'s step.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn scaled(&self, sum: __m256i, h: usize, m: usize) -> __m256 {
+            let sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, _mm256_set1_epi16(1)));
+            _mm256_mul_ps(sum, _mm256_set1_ps(self.rounded.steps[h][m]))
+        }
+
+        /// Adds each head's 16-bit `sums` of channels `channel…channel + 7`, widened and
+        /// scaled by map `m`'s step, into `slots`.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn scale_into(
@@ -501,14 +510,14 @@ mod kernels {
             sums: &[__m256i; HEADS],
             m: usize,
             slots: &mut [f32],
-            slot: usize,
+            channel: usize,
         ) {
             let w = self.run.format.width;
             for (h, &sum) in sums.iter().enumerate().take(self.heads) {
-                let at = slots.as_mut_ptr().add(h * w + slot);
-                let sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, _mm256_set1_epi16(1)));
-                let step = _mm256_set1_ps(self.rounded.steps[h][m]);
-                _mm256_storeu_ps(at, _mm256_fmadd_ps(sum, step, _mm256_loadu_ps(at)));
+                add_to(
+                    slots.as_mut_ptr().add(h * w + channel),
+                    self.scaled(sum, h, m),
+                );
             }
         }
 
@@ -519,6 +528,7 @@ mod kernels {
             let (run, block_bytes) = (self.run, self.run.block_bytes());
             let stream = run.format.stream_bytes();
             let per_map = run.format.maps.channels / GROUP;
+            let packed = matches!(run.format.codes, CodeLayout::Packed { .. });
             // Stream bytes `8i…8i + 7` of quad `q` of a block at `codes_at + 4q·stream + 32i`.
             let share = self.n.div_ceil(stream / 8);
             for i in 0..stream / 8 {
@@ -542,8 +552,23 @@ mod kernels {
                             }
                         }
                     }
-                    for (nibble, sums) in sums.iter().enumerate() {
-                        self.scale_into(sums, m, slots, 16 * i + 8 * nibble);
+                    // Lane `l` of the low (high) sums: stream position `16i + 2l` (`+ 1`).
+                    let w = run.format.width;
+                    for h in 0..self.heads {
+                        let at = slots.as_mut_ptr().add(h * w);
+                        let low = self.scaled(sums[0][h], h, m);
+                        let high = self.scaled(sums[1][h], h, m);
+                        if packed {
+                            // Positions are channels: the lanes interleaved.
+                            let a = _mm256_unpacklo_ps(low, high);
+                            let b = _mm256_unpackhi_ps(low, high);
+                            add_to(at.add(16 * i), _mm256_permute2f128_ps::<0x20>(a, b));
+                            add_to(at.add(16 * i + 8), _mm256_permute2f128_ps::<0x31>(a, b));
+                        } else {
+                            // llama.cpp's blocks: each nibble's lanes are 8 channels in a row.
+                            add_to(at.add(run.format.stream_channel(16 * i)), low);
+                            add_to(at.add(run.format.stream_channel(16 * i + 1)), high);
+                        }
                     }
                 }
             }
