@@ -554,10 +554,10 @@ mod kernels {
                     }
                     // Lane `l` of the low (high) sums: stream position `16i + 2l` (`+ 1`).
                     let w = run.format.width;
-                    for h in 0..self.heads {
+                    let [lows, highs] = &sums;
+                    for (h, (&low, &high)) in lows.iter().zip(highs).enumerate().take(self.heads) {
                         let at = slots.as_mut_ptr().add(h * w);
-                        let low = self.scaled(sums[0][h], h, m);
-                        let high = self.scaled(sums[1][h], h, m);
+                        let (low, high) = (self.scaled(low, h, m), self.scaled(high, h, m));
                         if packed {
                             // Positions are channels: the lanes interleaved.
                             let a = _mm256_unpacklo_ps(low, high);
