@@ -19,7 +19,7 @@
 //! The roundings are the row kernels' ([`super`]): the query's i8 copy, and per tile of
 //! [`TILE_ROWS`] rows, head and map the weights times the rows' scales rounded to i8.
 
-use super::{available, path, Path, HEADS};
+use super::{available, path, HEADS};
 use crate::levels::{
     run_slots, CodeLayout, Interleaving, KernelOrder, LevelFormat, GROUP, INTERLEAVED_ROWS,
     MAP_WORDS, QUERY_MAP, TILE_ROWS,
@@ -28,11 +28,15 @@ use crate::simd::Ahead;
 use std::cell::RefCell;
 
 /// Whether these kernels read blocks of `runs` in place: [`available`], and every run's format
-/// has 4-bit codes, or packed 2- or 3-bit codes, without a table.
+/// has 4-bit codes or packed 2- or 3-bit codes, without a table or through one (whose levels
+/// are centered on 128).
 pub fn takes(runs: &[Interleaving]) -> bool {
     let format_fits = |f: &LevelFormat| {
-        let planes = f.table.is_none() && matches!(f.codes, CodeLayout::Packed { bits: 2 | 3, .. });
-        f.supported() && (path(f) == Some(Path::Nibbles) || planes)
+        let codes = match f.codes {
+            CodeLayout::Packed { bits, .. } => (2..=4).contains(&bits),
+            CodeLayout::Nibbles { high_at, .. } => high_at.is_none(),
+        };
+        f.supported() && path(f).is_some() && codes
     };
     available() && !runs.is_empty() && runs.iter().all(|r| format_fits(&r.format))
 }
@@ -213,7 +217,13 @@ mod kernels {
         /// values before their end; missing heads are zero.
         #[target_feature(enable = "avx2,fma,f16c")]
         pub unsafe fn fill(&mut self, format: &LevelFormat, queries: &[&[f32]], slots: usize) {
-            let (w, center) = (format.width, format.center());
+            // A table's levels are read less their center.
+            let center = if format.table.is_some() {
+                0.0
+            } else {
+                format.center()
+            };
+            let w = format.width;
             self.words.clear();
             self.words.resize(HEADS * w / 4, _mm256_setzero_si256());
             self.terms.clear();
@@ -237,13 +247,39 @@ mod kernels {
         }
     }
 
-    /// Map word `k` of rows `t…t + 7` of a tile of `run`'s blocks, as f32.
+    /// Map word `k` of rows `t…t + 7` of a tile of `run`'s blocks, as f32; a table's scales
+    /// times its unit.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn map_word(run: &Interleaving, tile: &[u8], k: usize, t: usize) -> __m256 {
         let block = tile.as_ptr().add(t / INTERLEAVED_ROWS * run.block_bytes());
         let at = block.add(run.maps_at + 2 * (INTERLEAVED_ROWS * k + t % INTERLEAVED_ROWS));
-        _mm256_cvtph_ps(_mm_loadu_si128(at as *const _))
+        let word = _mm256_cvtph_ps(_mm_loadu_si128(at as *const _));
+        match run.format.table {
+            Some(table) if k < run.format.maps() => _mm256_mul_ps(word, _mm256_set1_ps(table.unit)),
+            _ => word,
+        }
+    }
+
+    /// The format's table (levels less 128, as bytes) in both lanes, or zeros.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn table_of(format: &LevelFormat) -> __m256i {
+        let levels = format.table.map_or([0; 16], |t| t.levels.map(|l| l as u8));
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(levels.as_ptr() as *const _))
+    }
+
+    /// Each head's 32-bit sums `sums[h]` plus the products of `levels` (i8, through a table)
+    /// with `weights[h]` (i8) summed per 4 bytes: `vpmaddubsw` on the levels' magnitudes
+    /// against the weights with their signs (pairs at most `2·128·127 < 2¹⁵`), widened.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn add_signed(sums: &mut [__m256i; HEADS], levels: __m256i, weights: [__m256i; HEADS]) {
+        let magnitudes = _mm256_abs_epi8(levels);
+        for (sum, w) in sums.iter_mut().zip(weights) {
+            let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(w, levels));
+            *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+        }
     }
 
     /// Scores of up to four heads for a tile of `run`'s blocks (keys) into `out[h][t]`,
@@ -261,10 +297,25 @@ mod kernels {
         let one_map = format.maps.channels >= format.width;
         macro_rules! by_bits {
             ($one:literal, $min:literal) => {
-                match format.code_bits() {
-                    4 => score_tile_as::<$one, $min, 4>(run, q, tile, out, add, ahead),
-                    3 => score_tile_as::<$one, $min, 3>(run, q, tile, out, add, ahead),
-                    _ => score_tile_as::<$one, $min, 2>(run, q, tile, out, add, ahead),
+                match (format.table.is_some(), format.code_bits()) {
+                    (false, 4) => {
+                        score_tile_as::<$one, $min, 4, false>(run, q, tile, out, add, ahead)
+                    }
+                    (false, 3) => {
+                        score_tile_as::<$one, $min, 3, false>(run, q, tile, out, add, ahead)
+                    }
+                    (false, _) => {
+                        score_tile_as::<$one, $min, 2, false>(run, q, tile, out, add, ahead)
+                    }
+                    (true, 4) => {
+                        score_tile_as::<$one, $min, 4, true>(run, q, tile, out, add, ahead)
+                    }
+                    (true, 3) => {
+                        score_tile_as::<$one, $min, 3, true>(run, q, tile, out, add, ahead)
+                    }
+                    (true, _) => {
+                        score_tile_as::<$one, $min, 2, true>(run, q, tile, out, add, ahead)
+                    }
                 }
             };
         }
@@ -308,9 +359,15 @@ mod kernels {
     }
 
     /// [`score_tile`] for rows with one map or several (`ONE_MAP`), with minimums or without,
-    /// and `BITS`-bit codes.
+    /// and `BITS`-bit codes, without a table or through one (`TABLE`: 32-bit sums of the
+    /// levels less 128 by [`add_signed`]).
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn score_tile_as<const ONE_MAP: bool, const MIN: bool, const BITS: usize>(
+    unsafe fn score_tile_as<
+        const ONE_MAP: bool,
+        const MIN: bool,
+        const BITS: usize,
+        const TABLE: bool,
+    >(
         run: &Interleaving,
         q: &Queries,
         tile: &[u8],
@@ -323,6 +380,7 @@ mod kernels {
         let per_map = format.maps.channels / GROUP;
         let center = _mm256_set1_ps(format.center());
         let ones = _mm256_set1_epi16(1);
+        let table = table_of(format);
         let words = q.words.as_ptr();
         let n = tile.len() / run.block_bytes() * INTERLEAVED_ROWS;
         for t in (0..n).step_by(8) {
@@ -340,9 +398,14 @@ mod kernels {
                 // Cut `k` of the group meets query word `8g + k`.
                 let mut sums = [_mm256_setzero_si256(); HEADS];
                 let mut add = |k: usize, codes: __m256i| {
-                    for (h, sum) in sums.iter_mut().enumerate() {
-                        let query = *words.add(h * w / 4 + 8 * g + k);
-                        *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(codes, query));
+                    let query = |h: usize| *words.add(h * w / 4 + 8 * g + k);
+                    if TABLE {
+                        let levels = _mm256_shuffle_epi8(table, codes);
+                        add_signed(&mut sums, levels, std::array::from_fn(query));
+                    } else {
+                        for (h, sum) in sums.iter_mut().enumerate() {
+                            *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(codes, query(h)));
+                        }
                     }
                 };
                 if BITS == 4 {
@@ -363,7 +426,11 @@ mod kernels {
                         add(k, plane_codes::<BITS>(planes[k / 4], k % 4, planes[2], k));
                     }
                 }
-                let wide = sums.map(|s| _mm256_madd_epi16(s, ones));
+                let wide = if TABLE {
+                    sums
+                } else {
+                    sums.map(|s| _mm256_madd_epi16(s, ones))
+                };
                 if ONE_MAP {
                     dots = std::array::from_fn(|h| _mm256_add_epi32(dots[h], wide[h]));
                 } else {
@@ -438,7 +505,9 @@ mod kernels {
         let format = &run.format;
         let n = tile.len() / run.block_bytes() * INTERLEAVED_ROWS;
         let word = |k: usize, t: usize| map_word(run, tile, k, t);
-        round_weights(format, false, weights, n, word, rounded);
+        // A table's levels are read less their center.
+        let centered = format.table.is_some();
+        round_weights(format, centered, weights, n, word, rounded);
         // The planes' sums read each quad's weights 16 times per 128 channels: broadcast once.
         let maps = if format.code_bits() < 4 {
             format.maps()
@@ -462,10 +531,13 @@ mod kernels {
             rounded,
             quads,
         };
-        match format.code_bits() {
-            4 => sums.nibbles(slots, ahead),
-            3 => sums.planes::<3>(slots, ahead),
-            _ => sums.planes::<2>(slots, ahead),
+        match (centered, format.code_bits()) {
+            (false, 4) => sums.nibbles::<false>(slots, ahead),
+            (false, 3) => sums.planes::<3, false>(slots, ahead),
+            (false, _) => sums.planes::<2, false>(slots, ahead),
+            (true, 4) => sums.nibbles::<true>(slots, ahead),
+            (true, 3) => sums.planes::<3, true>(slots, ahead),
+            (true, _) => sums.planes::<2, true>(slots, ahead),
         }
         for (h, constants) in constants.chunks_exact_mut(MAP_WORDS).enumerate() {
             for (c, &x) in constants.iter_mut().zip(&rounded.constants[h]) {
@@ -493,19 +565,27 @@ mod kernels {
     }
 
     impl Sums<'_> {
-        /// Head `h`'s 16-bit `sum` of 8 channels widened and scaled by map `m`'s step.
+        /// Head `h`'s sum of 8 channels (16-bit pairs, or `WIDE` 32-bit) scaled by map `m`'s
+        /// step.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn scaled(&self, sum: __m256i, h: usize, m: usize) -> __m256 {
-            let sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, _mm256_set1_epi16(1)));
-            _mm256_mul_ps(sum, _mm256_set1_ps(self.rounded.steps[h][m]))
+        unsafe fn scaled<const WIDE: bool>(&self, sum: __m256i, h: usize, m: usize) -> __m256 {
+            let sum = if WIDE {
+                sum
+            } else {
+                _mm256_madd_epi16(sum, _mm256_set1_epi16(1))
+            };
+            _mm256_mul_ps(
+                _mm256_cvtepi32_ps(sum),
+                _mm256_set1_ps(self.rounded.steps[h][m]),
+            )
         }
 
-        /// Adds each head's 16-bit `sums` of channels `channel…channel + 7`, widened and
-        /// scaled by map `m`'s step, into `slots`.
+        /// Adds each head's `sums` of channels `channel…channel + 7` ([`Self::scaled`]) into
+        /// `slots`.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn scale_into(
+        unsafe fn scale_into<const WIDE: bool>(
             &self,
             sums: &[__m256i; HEADS],
             m: usize,
@@ -514,17 +594,17 @@ mod kernels {
         ) {
             let w = self.run.format.width;
             for (h, &sum) in sums.iter().enumerate().take(self.heads) {
-                add_to(
-                    slots.as_mut_ptr().add(h * w + channel),
-                    self.scaled(sum, h, m),
-                );
+                let at = slots.as_mut_ptr().add(h * w + channel);
+                add_to(at, self.scaled::<WIDE>(sum, h, m));
             }
         }
 
-        /// 4-bit codes: per 8 stream bytes (16 slots) 8 quads at a time (`8·2·15·127 < 2¹⁵`).
+        /// 4-bit codes: per 8 stream bytes (16 channels) 8 quads at a time, in 16 bits
+        /// (`8·2·15·127 < 2¹⁵`) or through a table (`TABLE`) in 32 ([`add_signed`]).
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn nibbles(&self, slots: &mut [f32], ahead: &mut Ahead) {
+        unsafe fn nibbles<const TABLE: bool>(&self, slots: &mut [f32], ahead: &mut Ahead) {
+            let table = table_of(&self.run.format);
             let (run, block_bytes) = (self.run, self.run.block_bytes());
             let stream = run.format.stream_bytes();
             let per_map = run.format.maps.channels / GROUP;
@@ -541,13 +621,20 @@ mod kernels {
                         for q in 0..4 {
                             let codes = at.add(b * block_bytes + 4 * q * stream);
                             let [low, high] = nibbles(_mm256_loadu_si256(codes as *const _));
-                            for h in 0..HEADS {
+                            let weights: [__m256i; HEADS] = std::array::from_fn(|h| {
                                 let weights = self.rounded.weights[h][m].as_ptr();
                                 let four = weights.add(16 * b + 4 * q) as *const i32;
-                                let w = _mm256_set1_epi32(four.read_unaligned());
-                                for (sums, codes) in sums.iter_mut().zip([low, high]) {
-                                    let products = _mm256_maddubs_epi16(codes, w);
-                                    sums[h] = _mm256_add_epi16(sums[h], products);
+                                _mm256_set1_epi32(four.read_unaligned())
+                            });
+                            for (sums, codes) in sums.iter_mut().zip([low, high]) {
+                                if TABLE {
+                                    let levels = _mm256_shuffle_epi8(table, codes);
+                                    add_signed(sums, levels, weights);
+                                } else {
+                                    for (sum, w) in sums.iter_mut().zip(weights) {
+                                        let products = _mm256_maddubs_epi16(codes, w);
+                                        *sum = _mm256_add_epi16(*sum, products);
+                                    }
                                 }
                             }
                         }
@@ -557,7 +644,10 @@ mod kernels {
                     let [lows, highs] = &sums;
                     for (h, (&low, &high)) in lows.iter().zip(highs).enumerate().take(self.heads) {
                         let at = slots.as_mut_ptr().add(h * w);
-                        let (low, high) = (self.scaled(low, h, m), self.scaled(high, h, m));
+                        let (low, high) = (
+                            self.scaled::<TABLE>(low, h, m),
+                            self.scaled::<TABLE>(high, h, m),
+                        );
                         if packed {
                             // Positions are channels: the lanes interleaved.
                             let a = _mm256_unpacklo_ps(low, high);
@@ -576,9 +666,14 @@ mod kernels {
 
         /// `BITS`-bit codes in bit planes: per 8 channels (a slice of 64, a half of its
         /// bytes, a bit pair `j`) the whole tile's quads at once (`16·2·7·127 < 2¹⁵`).
+        /// Through a table (`TABLE`), the sums are 32-bit ([`add_signed`]).
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn planes<const BITS: usize>(&self, slots: &mut [f32], ahead: &mut Ahead) {
+        unsafe fn planes<const BITS: usize, const TABLE: bool>(
+            &self,
+            slots: &mut [f32],
+            ahead: &mut Ahead,
+        ) {
             let format = &self.run.format;
             let (per_map, slices) = (format.maps.channels / GROUP, format.width / 64);
             let share = self.n.div_ceil(4 * slices);
@@ -588,12 +683,13 @@ mod kernels {
                         ahead.rows(share);
                         let m = (64 * s + 16 * j) / GROUP / per_map;
                         let sums = match j {
-                            0 => self.pairs::<BITS, 0>(s, half, m),
-                            1 => self.pairs::<BITS, 1>(s, half, m),
-                            2 => self.pairs::<BITS, 2>(s, half, m),
-                            _ => self.pairs::<BITS, 3>(s, half, m),
+                            0 => self.pairs::<BITS, 0, TABLE>(s, half, m),
+                            1 => self.pairs::<BITS, 1, TABLE>(s, half, m),
+                            2 => self.pairs::<BITS, 2, TABLE>(s, half, m),
+                            _ => self.pairs::<BITS, 3, TABLE>(s, half, m),
                         };
-                        self.scale_into(&sums, m, slots, 64 * s + 16 * j + 8 * half);
+                        let channel = 64 * s + 16 * j + 8 * half;
+                        self.scale_into::<TABLE>(&sums, m, slots, channel);
                     }
                 }
             }
@@ -606,12 +702,13 @@ mod kernels {
         /// third plane, bit `4q + j` that channel's third bit.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn pairs<const BITS: usize, const J: usize>(
+        unsafe fn pairs<const BITS: usize, const J: usize, const TABLE: bool>(
             &self,
             s: usize,
             half: usize,
             m: usize,
         ) -> [__m256i; HEADS] {
+            let table = table_of(&self.run.format);
             let (run, block_bytes) = (self.run, self.run.block_bytes());
             let pair_bytes = 64 * BITS * run.format.width / 64;
             let at = self
@@ -631,8 +728,12 @@ mod kernels {
                         let low = _mm256_loadu_si256(at.add(64 * q) as *const _);
                         let codes = plane_codes::<BITS>(low, J, high, 4 * q + J);
                         let weights = &self.quads[m][4 * b + 2 * pair + q];
-                        for (sum, w) in sums.iter_mut().zip(weights) {
-                            *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(codes, *w));
+                        if TABLE {
+                            add_signed(&mut sums, _mm256_shuffle_epi8(table, codes), *weights);
+                        } else {
+                            for (sum, w) in sums.iter_mut().zip(weights) {
+                                *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(codes, *w));
+                            }
                         }
                     }
                 }
