@@ -39,7 +39,8 @@ pub fn read_in_place(codec: &dyn Codec, role: Role) -> bool {
     match Layout::of(codec, role) {
         Some(_) if levels::available() => true,
         Some(Layout::Rows(runs)) => avx2::takes(&runs),
-        _ => false,
+        Some(Layout::ChannelBlocks(blocks)) => avx2::takes_channel_blocks(&blocks),
+        None => false,
     }
 }
 
@@ -270,6 +271,9 @@ impl Codec for Interleaved {
             }
             Layout::ChannelBlocks(layout) if levels::available() => {
                 levels::score_channel_blocks(layout, queries, blocks, scores, ahead);
+            }
+            Layout::ChannelBlocks(layout) if avx2::takes_channel_blocks(layout) => {
+                avx2::score_channel_blocks(layout, queries, blocks, scores, ahead);
             }
             _ => self.with_rows(blocks, |rows| {
                 self.inner.score_group(queries, rows, scores, ahead)

@@ -599,37 +599,12 @@ mod kernels {
                 3, 5, 7, 9, 11, 13, 15,
             );
             let row_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-            let abs = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
             let mut bias = [_mm256_setzero_ps(); HEADS];
             for g in 0..w / GROUP {
                 let (p, half) = (g / 2, g % 2);
-                // The group's scales and minimums, 8 channels per vector.
-                let [mut scales, mut mins] = [[_mm256_setzero_ps(); 4]; 2];
-                for (k, (s, m)) in scales.iter_mut().zip(&mut mins).enumerate() {
-                    let at = maps.as_ptr().add(4 * (GROUP * g + 8 * k));
-                    let pairs = _mm256_loadu_si256(at as *const _);
-                    let halves = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(
-                        _mm256_and_si256(pairs, _mm256_set1_epi32(0xffff)),
-                        _mm256_srli_epi32::<16>(pairs),
-                    ));
-                    *s = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
-                    *m = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(halves));
-                }
+                let maps = channel_maps(maps, g);
                 for (h, q) in queries.iter().enumerate() {
-                    let x: [__m256; 4] = std::array::from_fn(|k| {
-                        let v = _mm256_loadu_ps(q.as_ptr().add(GROUP * g + 8 * k));
-                        let x = _mm256_mul_ps(v, scales[k]);
-                        bias[h] = _mm256_fmadd_ps(v, mins[k], bias[h]);
-                        bias[h] = _mm256_fmadd_ps(x, _mm256_set1_ps(center), bias[h]);
-                        x
-                    });
-                    let largest = x.iter().fold(_mm256_setzero_ps(), |m, &v| {
-                        _mm256_max_ps(m, _mm256_and_ps(v, abs))
-                    });
-                    let sigma = horizontal_max(largest) / 127.0;
-                    let inv = _mm256_set1_ps(if sigma > 0.0 { 1.0 / sigma } else { 0.0 });
-                    let c: [__m256i; 4] =
-                        std::array::from_fn(|k| _mm256_cvtps_epi32(_mm256_mul_ps(x[k], inv)));
+                    let (sigma, c) = scaled_group(q, g, &maps, center, &mut bias[h]);
                     let lane = |v: &mut __m256, x: f32| {
                         let mut lanes: [f32; 8] = std::mem::transmute(*v);
                         lanes[4 * half + h] = x;
@@ -682,6 +657,55 @@ mod kernels {
             }
             biases
         }
+    }
+
+    /// Group `g`'s scales and minimums of KIVI's block `maps` (per channel an f16 scale and
+    /// minimum), 8 channels per vector.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn channel_maps(maps: &[u8], g: usize) -> [[__m256; 4]; 2] {
+        let mut out = [[_mm256_setzero_ps(); 4]; 2];
+        for k in 0..4 {
+            let at = maps[4 * (GROUP * g + 8 * k)..][..32].as_ptr();
+            let pairs = _mm256_loadu_si256(at as *const _);
+            let halves = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(
+                _mm256_and_si256(pairs, _mm256_set1_epi32(0xffff)),
+                _mm256_srli_epi32::<16>(pairs),
+            ));
+            out[0][k] = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+            out[1][k] = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(halves));
+        }
+        out
+    }
+
+    /// Group `g` of `query` times the block's scales ([`channel_maps`]), rounded to i8 (to
+    /// nearest, ties to even, as AVX-512's `channel_queries`) against `σ` = its largest
+    /// magnitude / 127: returns `σ` and the codes, 8 channels per vector; adds
+    /// `q·(minimum + scale·center)` to `bias`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scaled_group(
+        query: &[f32],
+        g: usize,
+        [scales, mins]: &[[__m256; 4]; 2],
+        center: f32,
+        bias: &mut __m256,
+    ) -> (f32, [__m256i; 4]) {
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
+        let x: [__m256; 4] = std::array::from_fn(|k| {
+            let v = _mm256_loadu_ps(query[GROUP * g + 8 * k..][..8].as_ptr());
+            let x = _mm256_mul_ps(v, scales[k]);
+            *bias = _mm256_fmadd_ps(v, mins[k], *bias);
+            *bias = _mm256_fmadd_ps(x, _mm256_set1_ps(center), *bias);
+            x
+        });
+        let largest = x.iter().fold(_mm256_setzero_ps(), |m, &v| {
+            _mm256_max_ps(m, _mm256_and_ps(v, abs))
+        });
+        let sigma = horizontal_max(largest) / 127.0;
+        let inv = _mm256_set1_ps(if sigma > 0.0 { 1.0 / sigma } else { 0.0 });
+        let codes = std::array::from_fn(|k| _mm256_cvtps_epi32(_mm256_mul_ps(x[k], inv)));
+        (sigma, codes)
     }
 
     /// The sums kernel's scratch.
@@ -1216,7 +1240,7 @@ mod kernels {
     /// The sum of `v`'s lanes.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn horizontal_sum_epi32(v: __m256i) -> i32 {
+    pub(super) unsafe fn horizontal_sum_epi32(v: __m256i) -> i32 {
         let x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
         let x = _mm_add_epi32(x, _mm_unpackhi_epi64(x, x));
         _mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32::<1>(x)))

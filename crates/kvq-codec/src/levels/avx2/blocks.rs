@@ -21,8 +21,8 @@
 
 use super::{available, path, HEADS};
 use crate::levels::{
-    run_slots, CodeLayout, Interleaving, KernelOrder, LevelFormat, GROUP, INTERLEAVED_ROWS,
-    MAP_WORDS, QUERY_MAP, TILE_ROWS,
+    run_slots, ChannelBlocks, CodeLayout, Interleaving, KernelOrder, LevelFormat, GROUP,
+    INTERLEAVED_ROWS, MAP_WORDS, QUERY_MAP, TILE_ROWS,
 };
 use crate::simd::Ahead;
 use std::cell::RefCell;
@@ -114,6 +114,66 @@ pub fn score_interleaved(
     });
 }
 
+/// Whether these kernels score KIVI's key blocks `layout` ([`ChannelBlocks`]) in place: rows
+/// interleaved 16 at a time whose format they take.
+pub fn takes_channel_blocks(layout: &ChannelBlocks) -> bool {
+    layout.interleaved && layout.supported() && takes(&[layout.interleaving()])
+}
+
+/// [`crate::levels::score_channel_blocks`] with these kernels: per block and four heads, the
+/// queries times the block's channel scales rounded to i8 per group (as the AVX-512 kernels
+/// round them), the rows scored under unit scales, and each head's bias `Σ_c q_c·(minimum_c +
+/// scale_c·center)` added. Prefetches `ahead` as it goes.
+pub fn score_channel_blocks(
+    layout: &ChannelBlocks,
+    queries: &[&[f32]],
+    blocks: &[u8],
+    scores: &mut [&mut [f32]],
+    ahead: &mut Ahead,
+) {
+    assert!(takes_channel_blocks(layout));
+    let (run, header) = (layout.interleaving(), layout.header_bytes());
+    assert!(queries.iter().all(|q| q.len() >= layout.width));
+    assert!(scores
+        .iter()
+        .all(|s| s.len() * layout.block_bytes() >= blocks.len() * layout.tokens));
+    #[cfg(target_arch = "x86_64")]
+    SCRATCH.with(|scratch| {
+        let prepared = &mut scratch.borrow_mut().queries;
+        prepared.resize_with(queries.len().div_ceil(HEADS), Default::default);
+        let mut sink = [0f32; TILE_ROWS];
+        for (b, block) in blocks.chunks_exact(layout.block_bytes()).enumerate() {
+            let (maps, rows) = block.split_at(header);
+            for (c, (q, chunk)) in prepared.iter_mut().zip(queries.chunks(HEADS)).enumerate() {
+                // SAFETY: `takes` checked the CPU; `maps` holds `width` pairs, each query
+                // `width` values.
+                let biases = unsafe { q.fill_block(&run.format, chunk, maps) };
+                for (i, tile) in rows.chunks(tile_bytes(&run)).enumerate() {
+                    let first = b * layout.tokens + i * TILE_ROWS;
+                    let n = tile.len() / run.block_bytes() * INTERLEAVED_ROWS;
+                    let mut out = [sink.as_mut_ptr(); HEADS];
+                    for (o, s) in out.iter_mut().zip(&mut scores[c * HEADS..]) {
+                        *o = s[first..first + n].as_mut_ptr();
+                    }
+                    let ahead = if c == 0 {
+                        &mut *ahead
+                    } else {
+                        &mut Ahead::none()
+                    };
+                    // SAFETY: as above; the tile holds whole interleaved rows of a supported
+                    // format, and each of `out` takes its `n` rows.
+                    unsafe { kernels::score_unit_tile(&run, q, tile, out, ahead) };
+                }
+                for (s, bias) in scores[c * HEADS..].iter_mut().zip(biases) {
+                    s[b * layout.tokens..][..layout.tokens]
+                        .iter_mut()
+                        .for_each(|x| *x += bias);
+                }
+            }
+        }
+    });
+}
+
 /// [`crate::levels::accumulate_interleaved`] with these kernels: each run adds into its
 /// channels. Prefetches `ahead` as it goes.
 pub fn accumulate_interleaved(
@@ -193,7 +253,9 @@ pub fn accumulate_interleaved(
 
 #[cfg(target_arch = "x86_64")]
 mod kernels {
-    use super::super::kernels::{nibbles, round_weights, Rounded};
+    use super::super::kernels::{
+        channel_maps, horizontal_sum_epi32, nibbles, round_weights, scaled_group, Rounded,
+    };
     use super::{
         Ahead, CodeLayout, Interleaving, LevelFormat, GROUP, HEADS, INTERLEAVED_ROWS, MAP_WORDS,
         QUERY_MAP, TILE_ROWS,
@@ -244,6 +306,57 @@ mod kernels {
                 // One-map rows' queries have one σ for all groups: not a sum.
                 self.totals[0][h] = s[w / 4];
             }
+        }
+
+        /// Makes these the queries of up to [`HEADS`] heads for one block of KIVI's keys
+        /// (`maps` its channels' `(scale, minimum)` f16 pairs) whose rows are `format`:
+        /// `q'_c = q_c·scale_c` rounded to i8 per group ([`scaled_group`]); returns each
+        /// head's `Σ_c q_c·(minimum_c + scale_c·center)`.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn fill_block(
+            &mut self,
+            format: &LevelFormat,
+            queries: &[&[f32]],
+            maps: &[u8],
+        ) -> [f32; HEADS] {
+            let (w, center) = (format.width, format.center());
+            self.words.resize(HEADS * w / 4, _mm256_setzero_si256());
+            self.words[queries.len() * w / 4..].fill(_mm256_setzero_si256());
+            self.terms.clear();
+            self.terms.resize(w / GROUP, [[0.0; HEADS]; 3]);
+            // The i8 codes in channel order, then for nibbles each 8 bytes' even channels and
+            // their odd ones (the low and the high nibbles' query words).
+            let row_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            let even_odd = _mm256_setr_epi8(
+                0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15, 0, 2, 4, 6, 1, 3, 5, 7, 8,
+                10, 12, 14, 9, 11, 13, 15,
+            );
+            let mut bias = [_mm256_setzero_ps(); HEADS];
+            for g in 0..w / GROUP {
+                let maps = channel_maps(maps, g);
+                for (h, q) in queries.iter().enumerate() {
+                    let (sigma, c) = scaled_group(q, g, &maps, center, &mut bias[h]);
+                    let sum = _mm256_add_epi32(
+                        _mm256_add_epi32(c[0], c[1]),
+                        _mm256_add_epi32(c[2], c[3]),
+                    );
+                    self.terms[g][0][h] = sigma;
+                    self.terms[g][1][h] = center * sigma * horizontal_sum_epi32(sum) as f32;
+                    // |code| ≤ 127: the packs do not saturate.
+                    let packed = _mm256_packs_epi16(
+                        _mm256_packs_epi32(c[0], c[1]),
+                        _mm256_packs_epi32(c[2], c[3]),
+                    );
+                    let mut bytes = _mm256_permutevar8x32_epi32(packed, row_order);
+                    if format.code_bits() == 4 {
+                        bytes = _mm256_shuffle_epi8(bytes, even_odd);
+                    }
+                    for (k, word) in self.words[h * w / 4 + 8 * g..][..8].iter_mut().enumerate() {
+                        *word = _mm256_permutevar8x32_epi32(bytes, _mm256_set1_epi32(k as i32));
+                    }
+                }
+            }
+            bias.map(|b| crate::simd::avx2::hsum(b))
         }
     }
 
@@ -299,22 +412,22 @@ mod kernels {
             ($one:literal, $min:literal) => {
                 match (format.table.is_some(), format.code_bits()) {
                     (false, 4) => {
-                        score_tile_as::<$one, $min, 4, false>(run, q, tile, out, add, ahead)
+                        score_tile_as::<$one, $min, 4, false, false>(run, q, tile, out, add, ahead)
                     }
                     (false, 3) => {
-                        score_tile_as::<$one, $min, 3, false>(run, q, tile, out, add, ahead)
+                        score_tile_as::<$one, $min, 3, false, false>(run, q, tile, out, add, ahead)
                     }
                     (false, _) => {
-                        score_tile_as::<$one, $min, 2, false>(run, q, tile, out, add, ahead)
+                        score_tile_as::<$one, $min, 2, false, false>(run, q, tile, out, add, ahead)
                     }
                     (true, 4) => {
-                        score_tile_as::<$one, $min, 4, true>(run, q, tile, out, add, ahead)
+                        score_tile_as::<$one, $min, 4, true, false>(run, q, tile, out, add, ahead)
                     }
                     (true, 3) => {
-                        score_tile_as::<$one, $min, 3, true>(run, q, tile, out, add, ahead)
+                        score_tile_as::<$one, $min, 3, true, false>(run, q, tile, out, add, ahead)
                     }
                     (true, _) => {
-                        score_tile_as::<$one, $min, 2, true>(run, q, tile, out, add, ahead)
+                        score_tile_as::<$one, $min, 2, true, false>(run, q, tile, out, add, ahead)
                     }
                 }
             };
@@ -324,6 +437,23 @@ mod kernels {
             (true, false) => by_bits!(true, false),
             (false, true) => by_bits!(false, true),
             (false, false) => by_bits!(false, false),
+        }
+    }
+
+    /// Scores of up to four heads for a tile of rows in KIVI's key blocks (unit scales, the
+    /// queries' `σ` per group, [`Queries::fill_block`]) into `out[h][t]`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn score_unit_tile(
+        run: &Interleaving,
+        q: &Queries,
+        tile: &[u8],
+        out: [*mut f32; HEADS],
+        ahead: &mut Ahead,
+    ) {
+        match run.format.code_bits() {
+            4 => score_tile_as::<false, false, 4, false, true>(run, q, tile, out, false, ahead),
+            3 => score_tile_as::<false, false, 3, false, true>(run, q, tile, out, false, ahead),
+            _ => score_tile_as::<false, false, 2, false, true>(run, q, tile, out, false, ahead),
         }
     }
 
@@ -360,13 +490,14 @@ mod kernels {
 
     /// [`score_tile`] for rows with one map or several (`ONE_MAP`), with minimums or without,
     /// and `BITS`-bit codes, without a table or through one (`TABLE`: 32-bit sums of the
-    /// levels less 128 by [`add_signed`]).
+    /// levels less 128 by [`add_signed`]); `UNIT`: rows without maps, scaled by 1.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn score_tile_as<
         const ONE_MAP: bool,
         const MIN: bool,
         const BITS: usize,
         const TABLE: bool,
+        const UNIT: bool,
     >(
         run: &Interleaving,
         q: &Queries,
@@ -435,7 +566,11 @@ mod kernels {
                     dots = std::array::from_fn(|h| _mm256_add_epi32(dots[h], wide[h]));
                 } else {
                     let m = g / per_map;
-                    let scale = map_word(run, tile, m, t);
+                    let scale = if UNIT {
+                        _mm256_set1_ps(1.0)
+                    } else {
+                        map_word(run, tile, m, t)
+                    };
                     let offset = if MIN {
                         _mm256_fmadd_ps(scale, center, map_word(run, tile, count + m, t))
                     } else {
