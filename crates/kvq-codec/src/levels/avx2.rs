@@ -603,8 +603,9 @@ mod kernels {
             for g in 0..w / GROUP {
                 let (p, half) = (g / 2, g % 2);
                 let maps = channel_maps(maps, g);
-                for (h, q) in queries.iter().enumerate() {
-                    let (sigma, c) = scaled_group(q, g, &maps, center, &mut bias[h]);
+                let (sigmas, codes, sums) = scaled_groups(queries, g, &maps, center, &mut bias);
+                for h in 0..queries.len() {
+                    let (sigma, c) = (sigmas[h], codes[h]);
                     let lane = |v: &mut __m256, x: f32| {
                         let mut lanes: [f32; 8] = std::mem::transmute(*v);
                         lanes[4 * half + h] = x;
@@ -613,11 +614,7 @@ mod kernels {
                     lane(&mut self.terms[p][0], sigma);
                     let codes = &mut self.codes[p][h];
                     if nibbles {
-                        let sum = _mm256_add_epi32(
-                            _mm256_add_epi32(c[0], c[1]),
-                            _mm256_add_epi32(c[2], c[3]),
-                        );
-                        let centered = center * sigma * horizontal_sum_epi32(sum) as f32;
+                        let centered = center * sigma * sums[h] as f32;
                         lane(&mut self.terms[p][1], centered);
                         // |code| ≤ 127: the packs do not saturate. In channel order, then the
                         // even channels (the low nibbles' query) and the odd ones.
@@ -678,34 +675,76 @@ mod kernels {
         out
     }
 
-    /// Group `g` of `query` times the block's scales ([`channel_maps`]), rounded to i8 (to
-    /// nearest, ties to even, as AVX-512's `channel_queries`) against `σ` = its largest
-    /// magnitude / 127: returns `σ` and the codes, 8 channels per vector; adds
-    /// `q·(minimum + scale·center)` to `bias`.
+    /// Group `g` of up to four heads' `queries` times the block's scales ([`channel_maps`]),
+    /// each rounded to i8 (to nearest, ties to even, as AVX-512's `channel_queries`) against
+    /// its `σ` = its largest magnitude / 127: returns each head's `σ`, codes (8 channels per
+    /// vector) and their sum; adds `q·(minimum + scale·center)` to each head's `bias`. The
+    /// heads' reductions share their shuffles.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn scaled_group(
-        query: &[f32],
+    pub(super) unsafe fn scaled_groups(
+        queries: &[&[f32]],
         g: usize,
         [scales, mins]: &[[__m256; 4]; 2],
         center: f32,
-        bias: &mut __m256,
-    ) -> (f32, [__m256i; 4]) {
+        bias: &mut [__m256; HEADS],
+    ) -> ([f32; HEADS], [[__m256i; 4]; HEADS], [i32; HEADS]) {
         let abs = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
-        let x: [__m256; 4] = std::array::from_fn(|k| {
-            let v = _mm256_loadu_ps(query[GROUP * g + 8 * k..][..8].as_ptr());
-            let x = _mm256_mul_ps(v, scales[k]);
-            *bias = _mm256_fmadd_ps(v, mins[k], *bias);
-            *bias = _mm256_fmadd_ps(x, _mm256_set1_ps(center), *bias);
-            x
-        });
-        let largest = x.iter().fold(_mm256_setzero_ps(), |m, &v| {
-            _mm256_max_ps(m, _mm256_and_ps(v, abs))
-        });
-        let sigma = horizontal_max(largest) / 127.0;
-        let inv = _mm256_set1_ps(if sigma > 0.0 { 1.0 / sigma } else { 0.0 });
-        let codes = std::array::from_fn(|k| _mm256_cvtps_epi32(_mm256_mul_ps(x[k], inv)));
-        (sigma, codes)
+        let mut x = [[_mm256_setzero_ps(); 4]; HEADS];
+        for ((x, bias), query) in x.iter_mut().zip(bias.iter_mut()).zip(queries) {
+            for (k, x) in x.iter_mut().enumerate() {
+                let v = _mm256_loadu_ps(query[GROUP * g + 8 * k..][..8].as_ptr());
+                *x = _mm256_mul_ps(v, scales[k]);
+                *bias = _mm256_fmadd_ps(v, mins[k], *bias);
+                *bias = _mm256_fmadd_ps(*x, _mm256_set1_ps(center), *bias);
+            }
+        }
+        let mut largest = [_mm256_setzero_ps(); HEADS];
+        for (l, x) in largest.iter_mut().zip(&x) {
+            for &v in x {
+                *l = _mm256_max_ps(*l, _mm256_and_ps(v, abs));
+            }
+        }
+        // Each head's largest in lane `h`: halves, then pairs, then neighbours.
+        let halves = |u: __m256, v: __m256| {
+            _mm256_max_ps(
+                _mm256_permute2f128_ps::<0x20>(u, v),
+                _mm256_permute2f128_ps::<0x31>(u, v),
+            )
+        };
+        let (a, b) = (
+            halves(largest[0], largest[2]),
+            halves(largest[1], largest[3]),
+        );
+        let c = _mm256_max_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+        let d = _mm256_max_ps(c, _mm256_permute_ps::<0b01_00_11_10>(c));
+        let largest = _mm_movelh_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps::<1>(d));
+        let sigma = _mm_div_ps(largest, _mm_set1_ps(127.0));
+        let inv = _mm_and_ps(
+            _mm_div_ps(_mm_set1_ps(1.0), sigma),
+            _mm_cmpgt_ps(sigma, _mm_setzero_ps()),
+        );
+        let inv: [f32; HEADS] = std::mem::transmute(inv);
+        let mut codes = [[_mm256_setzero_si256(); 4]; HEADS];
+        let mut totals = [_mm256_setzero_si256(); HEADS];
+        for h in 0..HEADS {
+            let scale = _mm256_set1_ps(inv[h]);
+            for k in 0..4 {
+                codes[h][k] = _mm256_cvtps_epi32(_mm256_mul_ps(x[h][k], scale));
+                totals[h] = _mm256_add_epi32(totals[h], codes[h][k]);
+            }
+        }
+        let sums = per_head(totals);
+        let sums = _mm_add_epi32(
+            _mm256_castsi256_si128(sums),
+            _mm256_extracti128_si256::<1>(sums),
+        );
+        let sigma = std::mem::transmute::<__m128, [f32; HEADS]>(sigma);
+        (
+            sigma,
+            codes,
+            std::mem::transmute::<__m128i, [i32; HEADS]>(sums),
+        )
     }
 
     /// The sums kernel's scratch.
@@ -1240,7 +1279,7 @@ mod kernels {
     /// The sum of `v`'s lanes.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn horizontal_sum_epi32(v: __m256i) -> i32 {
+    unsafe fn horizontal_sum_epi32(v: __m256i) -> i32 {
         let x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
         let x = _mm_add_epi32(x, _mm_unpackhi_epi64(x, x));
         _mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32::<1>(x)))

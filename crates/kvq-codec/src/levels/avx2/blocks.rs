@@ -253,9 +253,7 @@ pub fn accumulate_interleaved(
 
 #[cfg(target_arch = "x86_64")]
 mod kernels {
-    use super::super::kernels::{
-        channel_maps, horizontal_sum_epi32, nibbles, round_weights, scaled_group, Rounded,
-    };
+    use super::super::kernels::{channel_maps, nibbles, round_weights, scaled_groups, Rounded};
     use super::{
         Ahead, CodeLayout, Interleaving, LevelFormat, GROUP, HEADS, INTERLEAVED_ROWS, MAP_WORDS,
         QUERY_MAP, TILE_ROWS,
@@ -310,7 +308,7 @@ mod kernels {
 
         /// Makes these the queries of up to [`HEADS`] heads for one block of KIVI's keys
         /// (`maps` its channels' `(scale, minimum)` f16 pairs) whose rows are `format`:
-        /// `q'_c = q_c·scale_c` rounded to i8 per group ([`scaled_group`]); returns each
+        /// `q'_c = q_c·scale_c` rounded to i8 per group ([`scaled_groups`]); returns each
         /// head's `Σ_c q_c·(minimum_c + scale_c·center)`.
         #[target_feature(enable = "avx2,fma,f16c")]
         pub unsafe fn fill_block(
@@ -334,14 +332,11 @@ mod kernels {
             let mut bias = [_mm256_setzero_ps(); HEADS];
             for g in 0..w / GROUP {
                 let maps = channel_maps(maps, g);
-                for (h, q) in queries.iter().enumerate() {
-                    let (sigma, c) = scaled_group(q, g, &maps, center, &mut bias[h]);
-                    let sum = _mm256_add_epi32(
-                        _mm256_add_epi32(c[0], c[1]),
-                        _mm256_add_epi32(c[2], c[3]),
-                    );
+                let (sigmas, codes, sums) = scaled_groups(queries, g, &maps, center, &mut bias);
+                for h in 0..queries.len() {
+                    let (sigma, c) = (sigmas[h], codes[h]);
                     self.terms[g][0][h] = sigma;
-                    self.terms[g][1][h] = center * sigma * horizontal_sum_epi32(sum) as f32;
+                    self.terms[g][1][h] = center * sigma * sums[h] as f32;
                     // |code| ≤ 127: the packs do not saturate.
                     let packed = _mm256_packs_epi16(
                         _mm256_packs_epi32(c[0], c[1]),
