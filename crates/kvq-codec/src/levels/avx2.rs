@@ -1307,7 +1307,7 @@ mod kernels {
 
     /// [`Rounded`] for up to four heads' `weights` over the `n` rows of a tile of `format`
     /// (`centered`: its codes are decoded less the center), `word(k, t)` the f32 map word `k`
-    /// of rows `t…t + 7`.
+    /// of rows `t…t + 7`. Absent heads' weights are 0.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn round_weights(
@@ -1326,37 +1326,47 @@ mod kernels {
             constants,
         } = out;
         let vectors = n.div_ceil(32) * 4;
+        let heads = weights.len();
         *steps = [[0.0; MAP_WORDS]; HEADS];
         *constants = [[0.0; MAP_WORDS]; HEADS];
-        // Per head the weights, rows past the tile's end 0, and the same in units of 1/127 of
-        // the largest (absent heads 0).
-        let mut padded = [[0f32; TILE_ROWS]; HEADS];
-        let mut levels = [[_mm256_setzero_ps(); TILE_ROWS / 8]; HEADS];
+        // Per head its weights where they fill whole vectors, else a copy padded with zeros.
+        let mut padded = std::mem::MaybeUninit::<[[f32; TILE_ROWS]; HEADS]>::uninit();
+        let padded = &mut *padded.as_mut_ptr();
+        let rows: [*const f32; HEADS] = std::array::from_fn(|h| match weights.get(h) {
+            Some(w) if n == 8 * vectors => w.as_ptr(),
+            Some(w) => {
+                padded[h][..n].copy_from_slice(&w[..n]);
+                padded[h][n..].fill(0.0);
+                padded[h].as_ptr()
+            }
+            None => std::ptr::null(),
+        });
+        let load = |h: usize, i: usize| _mm256_loadu_ps(rows[h].add(8 * i));
+        // Per head the factor to units of 1/127 of its largest weight.
         let abs = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
-        for (h, wh) in weights.iter().enumerate() {
-            padded[h][..n].copy_from_slice(wh);
+        let mut to_levels = [_mm256_setzero_ps(); HEADS];
+        for (h, to_levels) in to_levels.iter_mut().enumerate().take(heads) {
             let largest_w = horizontal_max((0..vectors).fold(_mm256_setzero_ps(), |l, i| {
-                let x = _mm256_loadu_ps(padded[h].as_ptr().add(8 * i));
-                _mm256_max_ps(l, _mm256_and_ps(x, abs))
+                _mm256_max_ps(l, _mm256_and_ps(load(h, i), abs))
             }));
-            let to_levels = _mm256_set1_ps(if largest_w > 0.0 {
+            *to_levels = _mm256_set1_ps(if largest_w > 0.0 {
                 127.0 / largest_w
             } else {
                 0.0
             });
-            for (i, l) in levels[h].iter_mut().enumerate().take(vectors) {
-                *l = _mm256_mul_ps(_mm256_loadu_ps(padded[h].as_ptr().add(8 * i)), to_levels);
-            }
             steps[h] = [largest_w / 127.0; MAP_WORDS];
         }
         // Rows that some head weighs: the others (the unwritten rows of a partly written
         // block) add nothing, and their scales must not coarsen the rounding.
-        let live: [__m256; TILE_ROWS / 8] = std::array::from_fn(|i| {
-            padded.iter().fold(_mm256_setzero_ps(), |live, w| {
-                let x = _mm256_loadu_ps(w.as_ptr().add(8 * i));
-                _mm256_or_ps(live, _mm256_cmp_ps::<_CMP_NEQ_UQ>(x, _mm256_setzero_ps()))
-            })
-        });
+        let mut live = [_mm256_setzero_ps(); TILE_ROWS / 8];
+        for (i, live) in live.iter_mut().enumerate().take(vectors) {
+            *live = (0..heads).fold(_mm256_setzero_ps(), |live, h| {
+                _mm256_or_ps(
+                    live,
+                    _mm256_cmp_ps::<_CMP_NEQ_UQ>(load(h, i), _mm256_setzero_ps()),
+                )
+            });
+        }
         // The dwords of two `vpackssdw` + `vpacksswb` results back in row order.
         let row_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         for m in 0..count {
@@ -1385,11 +1395,15 @@ mod kernels {
             for s in relative.iter_mut().take(vectors) {
                 *s = _mm256_mul_ps(*s, inv_a);
             }
-            for h in 0..HEADS {
+            for absent in rounded.iter_mut().skip(heads) {
+                absent[m] = [0; TILE_ROWS];
+            }
+            for h in 0..heads {
                 let (mut codes, mut offset) = (_mm256_setzero_si256(), _mm256_setzero_ps());
                 for i in (0..vectors).step_by(4) {
                     let c: [__m256i; 4] = std::array::from_fn(|k| {
-                        _mm256_cvtps_epi32(_mm256_mul_ps(levels[h][i + k], relative[i + k]))
+                        let levels = _mm256_mul_ps(load(h, i + k), to_levels[h]);
+                        _mm256_cvtps_epi32(_mm256_mul_ps(levels, relative[i + k]))
                     });
                     codes = _mm256_add_epi32(
                         codes,
@@ -1411,8 +1425,7 @@ mod kernels {
                 }
                 if format.maps.min_at.is_some() {
                     for (i, &o) in offsets.iter().enumerate().take(vectors) {
-                        let x = _mm256_loadu_ps(padded[h].as_ptr().add(8 * i));
-                        offset = _mm256_fmadd_ps(x, o, offset);
+                        offset = _mm256_fmadd_ps(load(h, i), o, offset);
                     }
                 }
                 steps[h][m] *= largest_a;

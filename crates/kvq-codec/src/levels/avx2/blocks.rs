@@ -751,20 +751,28 @@ mod kernels {
                         for q in 0..4 {
                             let codes = at.add(b * block_bytes + 4 * q * stream);
                             let [low, high] = nibbles(_mm256_loadu_si256(codes as *const _));
-                            let weights: [__m256i; HEADS] = std::array::from_fn(|h| {
+                            let weight = |h: usize| {
                                 let weights = self.rounded.weights[h][m].as_ptr();
                                 let four = weights.add(16 * b + 4 * q) as *const i32;
                                 _mm256_set1_epi32(four.read_unaligned())
-                            });
-                            for (sums, codes) in sums.iter_mut().zip([low, high]) {
-                                if TABLE {
+                            };
+                            if TABLE {
+                                let weights: [__m256i; HEADS] = std::array::from_fn(weight);
+                                for (sums, codes) in sums.iter_mut().zip([low, high]) {
                                     let levels = _mm256_shuffle_epi8(table, codes);
                                     add_signed(sums, levels, weights);
-                                } else {
-                                    for (sum, w) in sums.iter_mut().zip(weights) {
-                                        let products = _mm256_maddubs_epi16(codes, w);
-                                        *sum = _mm256_add_epi16(*sum, products);
-                                    }
+                                }
+                            } else {
+                                // Head by head: one broadcast weight live at a time.
+                                let [lows, highs] = &mut sums;
+                                for (h, (low_sum, high_sum)) in
+                                    lows.iter_mut().zip(highs).enumerate()
+                                {
+                                    let w = weight(h);
+                                    *low_sum =
+                                        _mm256_add_epi16(*low_sum, _mm256_maddubs_epi16(low, w));
+                                    *high_sum =
+                                        _mm256_add_epi16(*high_sum, _mm256_maddubs_epi16(high, w));
                                 }
                             }
                         }
