@@ -149,8 +149,8 @@ pub struct CacheArgs {
     #[arg(long, default_value_t = 0x6b7671)]
     pub rotation_seed: u64,
     /// Compute attention on 1–5-bit caches and Oaken with the f32 kernels instead of the 8-bit
-    /// integer (AVX-512 VNNI, or AVX2 for 4-bit codes) ones, which round queries and softmax
-    /// weights to 8 bits; slower
+    /// integer (AVX-512 VNNI, or AVX2 for every level format and KIVI's keys) ones, which round
+    /// queries and softmax weights to 8 bits; slower
     #[arg(long)]
     pub f32_attention: bool,
     /// Vector instructions the CPU kernels may use: `native` (all the CPU has), `avx2` (the

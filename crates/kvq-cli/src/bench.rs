@@ -258,7 +258,7 @@ fn attention(a: AttentionArgs) -> Result<()> {
     let kernels = if kvq_codec::levels::available() {
         "int8"
     } else if kvq_codec::levels::avx2::available() {
-        "int8 (AVX2: the row layout and KIVI's keys), else f32"
+        "int8 (AVX2: the level formats, their interleaved blocks and KIVI's keys), else f32"
     } else {
         "f32"
     };

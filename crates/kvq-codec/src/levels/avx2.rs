@@ -23,6 +23,9 @@
 //!   one multiply-add with the two rows' weights adds each channel's pair of products in one
 //!   lane; 8 row pairs of nibbles fit 16 bits (`8·2·15·127 < 2¹⁵`) before the lanes widen to
 //!   32 bits, levels sum in 32 bits from the start.
+//!
+//! [`blocks`] holds the same kernels for the cache's interleaved blocks of 2- to 4-bit codes
+//! (16 rows a block, each kernel's vectors as it loads them), with these roundings.
 
 use super::{
     ChannelBlocks, CodeLayout, LevelFormat, LevelSegment, GROUP, MAP_WORDS, QUERY_MAP, TILE_ROWS,

@@ -1,7 +1,9 @@
 //! The AVX2 kernels on interleaved blocks ([`Interleaving`], `crate::interleaved`) of 2-, 3-
-//! and 4-bit codes without a table (`q4_0`, `q4_1`, `int4-g*`, `int3-g*`, `int2-g*`). The
-//! blocks hold each kernel's vectors as it reads them, so that no row's bytes are rearranged
-//! and no score is reduced across lanes:
+//! and 4-bit codes, without a table (`q4_0`, `q4_1`, `int4-g*`, `int3-g*`, `int2-g*`) or
+//! through one (`iq4_nl`, `turbo2`–`turbo4`, TurboQuant's fractional runs), and of KIVI's key
+//! blocks ([`ChannelBlocks`], scored under unit scales). The blocks hold each kernel's
+//! vectors as it reads them, so that no row's bytes are rearranged and no score is reduced
+//! across lanes:
 //!
 //! * Scores (keys, [`KernelOrder::Scores`]): a vector holds one 32-bit word of 8 rows (a
 //!   nibble word, or a bit plane of a group); each *cut* of it, 4 codes of each row one per
