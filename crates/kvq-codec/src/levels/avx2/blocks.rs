@@ -62,6 +62,15 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
+/// The bytes of a block of `runs` and the rows of `blocks`, whole blocks that these kernels
+/// read in `order` (panics otherwise).
+fn block_rows(runs: &[Interleaving], order: KernelOrder, blocks: &[u8]) -> (usize, usize) {
+    assert!(takes(runs) && runs.iter().all(|r| r.order == order));
+    let block_bytes = runs[0].block_bytes();
+    assert!(blocks.len().is_multiple_of(block_bytes));
+    (block_bytes, blocks.len() / block_bytes * INTERLEAVED_ROWS)
+}
+
 /// Bytes of a tile's whole blocks.
 fn tile_bytes(run: &Interleaving) -> usize {
     TILE_ROWS / INTERLEAVED_ROWS * run.block_bytes()
@@ -77,10 +86,7 @@ pub fn score_interleaved(
     scores: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
-    assert!(takes(runs) && runs.iter().all(|r| r.order == KernelOrder::Scores));
-    let block_bytes = runs[0].block_bytes();
-    assert!(blocks.len().is_multiple_of(block_bytes));
-    let rows = blocks.len() / block_bytes * INTERLEAVED_ROWS;
+    let (block_bytes, rows) = block_rows(runs, KernelOrder::Scores, blocks);
     assert!(queries.len() == scores.len() && scores.iter().all(|s| s.len() >= rows));
     let slots = run_slots(runs.iter().map(|r| r.format.width));
     #[cfg(target_arch = "x86_64")]
@@ -185,10 +191,7 @@ pub fn accumulate_interleaved(
     accs: &mut [&mut [f32]],
     ahead: &mut Ahead,
 ) {
-    assert!(takes(runs) && runs.iter().all(|r| r.order == KernelOrder::Sums));
-    let block_bytes = runs[0].block_bytes();
-    assert!(blocks.len().is_multiple_of(block_bytes));
-    let rows = blocks.len() / block_bytes * INTERLEAVED_ROWS;
+    let (block_bytes, rows) = block_rows(runs, KernelOrder::Sums, blocks);
     assert!(weights.len() == accs.len() && weights.iter().all(|w| w.len() >= rows));
     #[cfg(target_arch = "x86_64")]
     SCRATCH.with(|scratch| {
