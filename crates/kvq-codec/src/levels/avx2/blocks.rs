@@ -71,6 +71,20 @@ fn block_rows(runs: &[Interleaving], order: KernelOrder, blocks: &[u8]) -> (usiz
     (block_bytes, blocks.len() / block_bytes * INTERLEAVED_ROWS)
 }
 
+/// Rows `rows` of up to [`HEADS`] heads' `scores` as the score kernels write them, absent
+/// heads into `sink`.
+fn outputs(
+    scores: &mut [&mut [f32]],
+    rows: std::ops::Range<usize>,
+    sink: &mut [f32; TILE_ROWS],
+) -> [*mut f32; HEADS] {
+    let mut out = [sink.as_mut_ptr(); HEADS];
+    for (o, s) in out.iter_mut().zip(scores) {
+        *o = s[rows.clone()].as_mut_ptr();
+    }
+    out
+}
+
 /// Bytes of a tile's whole blocks.
 fn tile_bytes(run: &Interleaving) -> usize {
     TILE_ROWS / INTERLEAVED_ROWS * run.block_bytes()
@@ -104,10 +118,7 @@ pub fn score_interleaved(
             for (i, tile) in blocks.chunks(tile_bytes(run)).enumerate() {
                 let (first, n) = (i * TILE_ROWS, tile.len() / block_bytes * INTERLEAVED_ROWS);
                 for (c, q) in prepared.iter().enumerate() {
-                    let mut out = [sink.as_mut_ptr(); HEADS];
-                    for (o, s) in out.iter_mut().zip(&mut scores[c * HEADS..]) {
-                        *o = s[first..first + n].as_mut_ptr();
-                    }
+                    let out = outputs(&mut scores[c * HEADS..], first..first + n, &mut sink);
                     // SAFETY: as above; the tile holds whole blocks of a supported format,
                     // and each of `out` takes its `n` rows.
                     let ahead = if c == 0 {
@@ -159,10 +170,7 @@ pub fn score_channel_blocks(
                 for (i, tile) in rows.chunks(tile_bytes(&run)).enumerate() {
                     let first = b * layout.tokens + i * TILE_ROWS;
                     let n = tile.len() / run.block_bytes() * INTERLEAVED_ROWS;
-                    let mut out = [sink.as_mut_ptr(); HEADS];
-                    for (o, s) in out.iter_mut().zip(&mut scores[c * HEADS..]) {
-                        *o = s[first..first + n].as_mut_ptr();
-                    }
+                    let out = outputs(&mut scores[c * HEADS..], first..first + n, &mut sink);
                     let ahead = if c == 0 {
                         &mut *ahead
                     } else {
