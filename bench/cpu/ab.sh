@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A/B of kvq builds in turns: the attention benchmark of each build, one after another, ROUNDS
 # times, so that the slow minutes of a shared machine hit every build alike. Prints, per build
-# and cache, the fastest and the median of the rounds' fastest times (ms) and all of them.
+# and cache, the fastest and the median of the rounds' fastest times (ms), all of them, and the
+# median of the rounds' turn ratios (each run's median of turn time over the f16 cache's in the
+# same turn: the figure that a loaded host moves least).
 #
 # Usage: bench/cpu/ab.sh ROUNDS NAME:BINARY[:ENV=VALUE] ...
 #   KV=turbo3,q4_0 CTX=32768 ITERS=10 bench/cpu/ab.sh 4 old:/tmp/kvq-old: new:target/release/kvq:
@@ -19,9 +21,9 @@ for _ in $(seq "$rounds"); do
       python3 -c "
 import json, sys
 records = json.load(sys.stdin)
-print('$name', 'f16', records[0]['baseline_fastest_ms'])
+print('$name', 'f16', records[0]['baseline_fastest_ms'], 1.0)
 for r in records:
-    print('$name', r['kv'], r['fastest_ms'])
+    print('$name', r['kv'], r['fastest_ms'], r['turn_ratio'])
 " >> "$out"
   done
 done
@@ -29,10 +31,12 @@ python3 - "$out" <<'PY'
 import collections, sys
 runs = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    name, kv, ms = line.split()
-    runs[(name, kv)].append(float(ms))
-for (name, kv), ms in sorted(runs.items()):
-    ordered = sorted(ms)
-    print(f"{name:8} {kv:10} min {ordered[0]:.3f} med {ordered[len(ms) // 2]:.3f}  all "
-          + " ".join(f"{x:.2f}" for x in ms))
+    name, kv, ms, ratio = line.split()
+    runs[(name, kv)].append((float(ms), float(ratio)))
+for (name, kv), rounds in sorted(runs.items()):
+    ms = sorted(m for m, _ in rounds)
+    ratios = sorted(r for _, r in rounds)
+    print(f"{name:8} {kv:10} min {ms[0]:.3f} med {ms[len(ms) // 2]:.3f}  "
+          f"turn ratio med {ratios[len(ratios) // 2]:.3f}  all "
+          + " ".join(f"{m:.2f}" for m, _ in rounds))
 PY
