@@ -20,10 +20,6 @@
 //!
 //! The roundings are the row kernels' ([`super`]): the query's i8 copy, and per tile of
 //! [`TILE_ROWS`] rows, head and map the weights times the rows' scales rounded to i8.
-//!
-//! The 16-bit sums add by `vpaddsw`, which never saturates within those bounds: LLVM does not
-//! reassociate saturating adds, so each sum stays one chain of adds instead of a tree whose
-//! partial sums spill to the stack (as `vpaddw`'s did in the nibble sums).
 
 use super::{available, path, HEADS};
 use crate::levels::{
@@ -584,7 +580,7 @@ mod kernels {
                         } else {
                             for (h, sum) in sums.iter_mut().enumerate() {
                                 let products = _mm256_maddubs_epi16(codes, query(h));
-                                *sum = _mm256_adds_epi16(*sum, products);
+                                *sum = _mm256_add_epi16(*sum, products);
                             }
                         }
                     };
@@ -808,9 +804,9 @@ mod kernels {
                                 {
                                     let w = weight(h);
                                     *low_sum =
-                                        _mm256_adds_epi16(*low_sum, _mm256_maddubs_epi16(low, w));
+                                        _mm256_add_epi16(*low_sum, _mm256_maddubs_epi16(low, w));
                                     *high_sum =
-                                        _mm256_adds_epi16(*high_sum, _mm256_maddubs_epi16(high, w));
+                                        _mm256_add_epi16(*high_sum, _mm256_maddubs_epi16(high, w));
                                 }
                             }
                         }
@@ -908,7 +904,7 @@ mod kernels {
                             add_signed(&mut sums, _mm256_shuffle_epi8(table, codes), *weights);
                         } else {
                             for (sum, w) in sums.iter_mut().zip(weights) {
-                                *sum = _mm256_adds_epi16(*sum, _mm256_maddubs_epi16(codes, *w));
+                                *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(codes, *w));
                             }
                         }
                     }
