@@ -1328,19 +1328,22 @@ mod kernels {
             steps,
             constants,
         } = out;
+        assert!(n <= TILE_ROWS && weights.len() <= HEADS);
         let vectors = n.div_ceil(32) * 4;
         let heads = weights.len();
         *steps = [[0.0; MAP_WORDS]; HEADS];
         *constants = [[0.0; MAP_WORDS]; HEADS];
         // Per head its weights where they fill whole vectors, else a copy padded with zeros.
+        // (Written and read through raw pointers: a zeroed array cost a 1 KiB fill per tile.)
         let mut padded = std::mem::MaybeUninit::<[[f32; TILE_ROWS]; HEADS]>::uninit();
-        let padded = &mut *padded.as_mut_ptr();
+        let padded = padded.as_mut_ptr().cast::<f32>();
         let rows: [*const f32; HEADS] = std::array::from_fn(|h| match weights.get(h) {
             Some(w) if n == 8 * vectors => w.as_ptr(),
             Some(w) => {
-                padded[h][..n].copy_from_slice(&w[..n]);
-                padded[h][n..].fill(0.0);
-                padded[h].as_ptr()
+                let row = padded.add(h * TILE_ROWS);
+                std::ptr::copy_nonoverlapping(w[..n].as_ptr(), row, n);
+                std::ptr::write_bytes(row.add(n), 0, TILE_ROWS - n);
+                row.cast_const()
             }
             None => std::ptr::null(),
         });

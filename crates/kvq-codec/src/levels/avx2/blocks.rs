@@ -525,6 +525,11 @@ mod kernels {
         let table = table_of(format);
         let words = q.words.as_ptr();
         let n = tile.len() / run.block_bytes() * INTERLEAVED_ROWS;
+        // Groups under their maps' scales: their integer sums first, then their finish, a
+        // span of groups at a time (finished group by group, the sums' registers spill;
+        // 12-15% of q4_0's and int4-g64's scores). Unit scales finish as they go.
+        let defer = !ONE_MAP && !UNIT;
+        let mut wides = [[_mm256_setzero_si256(); HEADS]; SPAN_GROUPS];
         for t in (0..n).step_by(8) {
             ahead.rows(8);
             // Word `j` of the 8 rows (nibble word `j`, or plane `j mod BITS` of group
@@ -536,9 +541,12 @@ mod kernels {
             let word = |j: usize| _mm256_loadu_si256(codes.add(64 * j) as *const _);
             let mut score = [_mm256_setzero_ps(); HEADS];
             let mut dots = [_mm256_setzero_si256(); HEADS];
-            // Group `g`'s sums `wide` finished into the scores (several maps).
-            let finish = |g: usize, wide: &[__m256i; HEADS], score: &mut [__m256; HEADS]| {
-                let m = g / per_map;
+            // Sums `wide` under map `m` and the query's terms `[σ, centered, sums]` (of a group,
+            // or the totals under one map) added into the scores.
+            let finish = |m: usize,
+                          terms: &[[f32; HEADS]; 3],
+                          wide: &[__m256i; HEADS],
+                          score: &mut [__m256; HEADS]| {
                 let scale = if UNIT {
                     _mm256_set1_ps(1.0)
                 } else {
@@ -549,7 +557,7 @@ mod kernels {
                 } else {
                     _mm256_setzero_ps()
                 };
-                let [sigma, centered, sums] = &q.terms[g];
+                let [sigma, centered, sums] = terms;
                 for (h, score) in score.iter_mut().enumerate() {
                     let dot = _mm256_fmsub_ps(
                         _mm256_set1_ps(sigma[h]),
@@ -562,11 +570,6 @@ mod kernels {
                     }
                 }
             };
-            // Groups under their maps' scales: their integer sums first, then their finish, a
-            // span of groups at a time (finished group by group, the sums' registers spill;
-            // 12-15% of q4_0's and int4-g64's scores). Unit scales finish as they go.
-            let defer = !ONE_MAP && !UNIT;
-            let mut wides = [[_mm256_setzero_si256(); HEADS]; SPAN_GROUPS];
             for first in (0..w / GROUP).step_by(SPAN_GROUPS) {
                 let span = first..(first + SPAN_GROUPS).min(w / GROUP);
                 for g in span.clone() {
@@ -612,28 +615,15 @@ mod kernels {
                     } else if defer {
                         wides[g - first] = wide;
                     } else {
-                        finish(g, &wide, &mut score);
+                        finish(g / per_map, &q.terms[g], &wide, &mut score);
                     }
                 }
                 for g in span.filter(|_| defer) {
-                    finish(g, &wides[g - first], &mut score);
+                    finish(g / per_map, &q.terms[g], &wides[g - first], &mut score);
                 }
             }
             if ONE_MAP {
-                let scale = map_word(run, tile, 0, t);
-                let [sigma, centered, sums] = &q.totals;
-                for (h, score) in score.iter_mut().enumerate() {
-                    let dot = _mm256_fmsub_ps(
-                        _mm256_set1_ps(sigma[h]),
-                        _mm256_cvtepi32_ps(dots[h]),
-                        _mm256_set1_ps(centered[h]),
-                    );
-                    *score = _mm256_mul_ps(scale, dot);
-                    if MIN {
-                        let offset = _mm256_fmadd_ps(scale, center, map_word(run, tile, 1, t));
-                        *score = _mm256_fmadd_ps(offset, _mm256_set1_ps(sums[h]), *score);
-                    }
-                }
+                finish(0, &q.totals, &dots, &mut score);
             }
             for (o, s) in out.iter().zip(score) {
                 let at = o.add(t);
