@@ -63,6 +63,9 @@ pub const TILE_ROWS: usize = 64;
 /// Channels that share one query scale, one level map and one weight step.
 pub const GROUP: usize = 32;
 
+/// Most groups a supported row has (`width ≤ 16·GROUP`, [`LevelFormat::supported`]).
+pub const MAX_GROUPS: usize = 16;
+
 /// Map words kept per row: the scales and minimums of every map must fit.
 pub const MAP_WORDS: usize = 8;
 
@@ -253,7 +256,7 @@ impl LevelFormat {
         let words_fit = |at: usize| at + (maps - 1) * m.stride + 2 <= self.row_bytes;
         self.width > 0
             && self.row_bytes >= 4
-            && self.width <= 16 * GROUP
+            && self.width <= MAX_GROUPS * GROUP
             && self.width.is_multiple_of(64)
             && m.channels.is_multiple_of(GROUP)
             && m.channels > 0
@@ -1076,8 +1079,8 @@ pub(crate) use avx512::transpose16;
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{
-        Ahead, CodeLayout, LevelFormat, Tile, GROUP, INTERLEAVED_ROWS, MAP_WORDS, QUERY_MAP,
-        TILE_ROWS,
+        Ahead, CodeLayout, LevelFormat, Tile, GROUP, INTERLEAVED_ROWS, MAP_WORDS, MAX_GROUPS,
+        QUERY_MAP, TILE_ROWS,
     };
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
@@ -1184,9 +1187,6 @@ mod avx512 {
             k - 2
         }
     }
-
-    /// Most groups a row may have (`width ≤ 512`).
-    const MAX_GROUPS: usize = 16;
 
     /// Vectors of 16 rows in a tile.
     const VECTORS: usize = TILE_ROWS / 16;

@@ -1429,13 +1429,14 @@ mod kernels {
                         _mm256_permutevar8x32_epi32(bytes, row_order),
                     );
                 }
+                steps[h][m] *= largest_a;
+                // Without minimums the offsets are 0: no horizontal sum of zeros.
                 if format.maps.min_at.is_some() {
                     for (i, &o) in offsets.iter().enumerate().take(vectors) {
                         offset = _mm256_fmadd_ps(load(h, i), o, offset);
                     }
+                    constants[h][m] = crate::simd::avx2::hsum(offset);
                 }
-                steps[h][m] *= largest_a;
-                constants[h][m] = crate::simd::avx2::hsum(offset);
                 if !centered {
                     let codes = horizontal_sum_epi32(codes) as f32;
                     constants[h][m] -= steps[h][m] * center * codes;

@@ -24,7 +24,7 @@
 use super::{available, path, HEADS};
 use crate::levels::{
     run_slots, ChannelBlocks, CodeLayout, Interleaving, KernelOrder, LevelFormat, GROUP,
-    INTERLEAVED_ROWS, MAP_WORDS, QUERY_MAP, TILE_ROWS,
+    INTERLEAVED_ROWS, MAP_WORDS, MAX_GROUPS, QUERY_MAP, TILE_ROWS,
 };
 use crate::simd::Ahead;
 use std::cell::RefCell;
@@ -269,7 +269,7 @@ mod kernels {
     use super::super::kernels::{channel_maps, nibbles, round_weights, scaled_groups, Rounded};
     use super::{
         Ahead, CodeLayout, Interleaving, LevelFormat, GROUP, HEADS, INTERLEAVED_ROWS, MAP_WORDS,
-        QUERY_MAP, TILE_ROWS,
+        MAX_GROUPS, QUERY_MAP, TILE_ROWS,
     };
     use std::arch::x86_64::*;
 
@@ -279,7 +279,7 @@ mod kernels {
         /// Per head and 32-bit word of the i8 query, the word in every lane (at
         /// `h·width/4 + k`).
         words: Vec<__m256i>,
-        /// Per group: per head `σ_g`, `center·σ_g·Σ codes` and the exact `Σ q`.
+        /// Per group: per head `σ_g`, `−center·σ_g·Σ codes` and the exact `Σ q`.
         terms: Vec<[[f32; HEADS]; 3]>,
         /// The same per head over all groups, for rows with one map (one `σ` for all).
         totals: [[f32; HEADS]; 3],
@@ -309,7 +309,7 @@ mod kernels {
                 }
                 for (g, terms) in self.terms.iter_mut().enumerate() {
                     let map = &s[w / 4 + QUERY_MAP * g..];
-                    for (i, x) in [map[0], center * map[1], map[2]].into_iter().enumerate() {
+                    for (i, x) in [map[0], -center * map[1], map[2]].into_iter().enumerate() {
                         terms[i][h] = x;
                         self.totals[i][h] += x;
                     }
@@ -349,7 +349,7 @@ mod kernels {
                 for h in 0..queries.len() {
                     let (sigma, c) = (sigmas[h], codes[h]);
                     self.terms[g][0][h] = sigma;
-                    self.terms[g][1][h] = center * sigma * sums[h] as f32;
+                    self.terms[g][1][h] = -center * sigma * sums[h] as f32;
                     // |code| ≤ 127: the packs do not saturate.
                     let packed = _mm256_packs_epi16(
                         _mm256_packs_epi32(c[0], c[1]),
@@ -496,6 +496,18 @@ mod kernels {
         }
     }
 
+    /// The map of each group of `format`'s channels (a division per group cost the score
+    /// kernels' finish of q4_0 a fifth of its instructions).
+    fn group_maps(format: &LevelFormat) -> [usize; MAX_GROUPS] {
+        let per_map = format.maps.channels / GROUP;
+        // Built without a division per group: it runs once per tile.
+        let mut maps = [0; MAX_GROUPS];
+        for g in per_map..MAX_GROUPS {
+            maps[g] = maps[g - per_map] + 1;
+        }
+        maps
+    }
+
     /// Groups whose integer sums [`score_tile_as`] keeps before it finishes them.
     const SPAN_GROUPS: usize = 8;
 
@@ -519,7 +531,7 @@ mod kernels {
     ) {
         let format = &run.format;
         let (w, count) = (format.width, format.maps());
-        let per_map = format.maps.channels / GROUP;
+        let group_maps = group_maps(format);
         let center = _mm256_set1_ps(format.center());
         let ones = _mm256_set1_epi16(1);
         let table = table_of(format);
@@ -541,8 +553,8 @@ mod kernels {
             let word = |j: usize| _mm256_loadu_si256(codes.add(64 * j) as *const _);
             let mut score = [_mm256_setzero_ps(); HEADS];
             let mut dots = [_mm256_setzero_si256(); HEADS];
-            // Sums `wide` under map `m` and the query's terms `[σ, centered, sums]` (of a group,
-            // or the totals under one map) added into the scores.
+            // Sums `wide` under map `m` and the query's terms `[σ, −centered, sums]` (of a
+            // group, or the totals under one map) added into the scores.
             let finish = |m: usize,
                           terms: &[[f32; HEADS]; 3],
                           wide: &[__m256i; HEADS],
@@ -557,12 +569,12 @@ mod kernels {
                 } else {
                     _mm256_setzero_ps()
                 };
-                let [sigma, centered, sums] = terms;
+                let [sigma, less_centered, sums] = terms;
                 for (h, score) in score.iter_mut().enumerate() {
-                    let dot = _mm256_fmsub_ps(
+                    let dot = _mm256_fmadd_ps(
                         _mm256_set1_ps(sigma[h]),
                         _mm256_cvtepi32_ps(wide[h]),
-                        _mm256_set1_ps(centered[h]),
+                        _mm256_set1_ps(less_centered[h]),
                     );
                     *score = _mm256_fmadd_ps(scale, dot, *score);
                     if MIN {
@@ -615,11 +627,11 @@ mod kernels {
                     } else if defer {
                         wides[g - first] = wide;
                     } else {
-                        finish(g / per_map, &q.terms[g], &wide, &mut score);
+                        finish(group_maps[g], &q.terms[g], &wide, &mut score);
                     }
                 }
                 for g in span.filter(|_| defer) {
-                    finish(g / per_map, &q.terms[g], &wides[g - first], &mut score);
+                    finish(group_maps[g], &q.terms[g], &wides[g - first], &mut score);
                 }
             }
             if ONE_MAP {
@@ -711,32 +723,28 @@ mod kernels {
         quads: &'a [QuadWeights],
     }
 
-    /// Adds `v` to the 8 values at `at`.
+    /// 16-bit pair sums added into 32-bit lanes, or (`WIDE`) 32-bit sums as they are.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn add_to(at: *mut f32, v: __m256) {
-        _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), v));
+    unsafe fn widened<const WIDE: bool>(sum: __m256i) -> __m256i {
+        if WIDE {
+            sum
+        } else {
+            _mm256_madd_epi16(sum, _mm256_set1_epi16(1))
+        }
+    }
+
+    /// Adds the 8 integer sums `sum` times `step` to the 8 values at `at`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn add_scaled(at: *mut f32, sum: __m256i, step: f32) {
+        let scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(step));
+        _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), scaled));
     }
 
     impl Sums<'_> {
-        /// Head `h`'s sum of 8 channels (16-bit pairs, or `WIDE` 32-bit) scaled by map `m`'s
-        /// step.
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn scaled<const WIDE: bool>(&self, sum: __m256i, h: usize, m: usize) -> __m256 {
-            let sum = if WIDE {
-                sum
-            } else {
-                _mm256_madd_epi16(sum, _mm256_set1_epi16(1))
-            };
-            _mm256_mul_ps(
-                _mm256_cvtepi32_ps(sum),
-                _mm256_set1_ps(self.rounded.steps[h][m]),
-            )
-        }
-
-        /// Adds each head's `sums` of channels `channel…channel + 7` ([`Self::scaled`]) into
-        /// `slots`.
+        /// Adds each head's `sums` of channels `channel…channel + 7` (16-bit pairs, or `WIDE`
+        /// 32-bit) times map `m`'s step into `slots`.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn scale_into<const WIDE: bool>(
@@ -749,26 +757,29 @@ mod kernels {
             let w = self.run.format.width;
             for (h, &sum) in sums.iter().enumerate().take(self.heads) {
                 let at = slots.as_mut_ptr().add(h * w + channel);
-                add_to(at, self.scaled::<WIDE>(sum, h, m));
+                add_scaled(at, widened::<WIDE>(sum), self.rounded.steps[h][m]);
             }
         }
 
-        /// 4-bit codes: per 8 stream bytes (16 channels) 8 quads at a time, in 16 bits
-        /// (`8·2·15·127 < 2¹⁵`) or through a table (`TABLE`) in 32 ([`add_signed`]).
+        /// 4-bit codes: per 8 stream bytes (16 channels) 8 quads at a time in 16 bits
+        /// (`8·2·15·127 < 2¹⁵`), or through a table (`TABLE`) in 32 ([`add_signed`]), added up
+        /// over the tile in 32 bits and scaled once.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn nibbles<const TABLE: bool>(&self, slots: &mut [f32], ahead: &mut Ahead) {
             let table = table_of(&self.run.format);
             let (run, block_bytes) = (self.run, self.run.block_bytes());
             let stream = run.format.stream_bytes();
-            let per_map = run.format.maps.channels / GROUP;
+            let group_maps = group_maps(&run.format);
             let packed = matches!(run.format.codes, CodeLayout::Packed { .. });
             // Stream bytes `8i…8i + 7` of quad `q` of a block at `codes_at + 4q·stream + 32i`.
             let share = self.n.div_ceil(stream / 8);
             for i in 0..stream / 8 {
                 ahead.rows(share);
-                let m = 16 * i / GROUP / per_map;
+                let m = group_maps[16 * i / GROUP];
                 let at = self.tile.as_ptr().add(run.codes_at + 32 * i);
+                // Lane `l` of the low (high) sums: stream position `16i + 2l` (`+ 1`).
+                let mut tile_sums = [[_mm256_setzero_si256(); HEADS]; 2];
                 for first in (0..self.n / INTERLEAVED_ROWS).step_by(2) {
                     let mut sums = [[_mm256_setzero_si256(); HEADS]; 2];
                     for b in first..(first + 2).min(self.n / INTERLEAVED_ROWS) {
@@ -801,26 +812,35 @@ mod kernels {
                             }
                         }
                     }
-                    // Lane `l` of the low (high) sums: stream position `16i + 2l` (`+ 1`).
-                    let w = run.format.width;
-                    let [lows, highs] = &sums;
-                    for (h, (&low, &high)) in lows.iter().zip(highs).enumerate().take(self.heads) {
-                        let at = slots.as_mut_ptr().add(h * w);
-                        let (low, high) = (
-                            self.scaled::<TABLE>(low, h, m),
-                            self.scaled::<TABLE>(high, h, m),
-                        );
-                        if packed {
-                            // Positions are channels: the lanes interleaved.
-                            let a = _mm256_unpacklo_ps(low, high);
-                            let b = _mm256_unpackhi_ps(low, high);
-                            add_to(at.add(16 * i), _mm256_permute2f128_ps::<0x20>(a, b));
-                            add_to(at.add(16 * i + 8), _mm256_permute2f128_ps::<0x31>(a, b));
-                        } else {
-                            // llama.cpp's blocks: each nibble's lanes are 8 channels in a row.
-                            add_to(at.add(run.format.stream_channel(16 * i)), low);
-                            add_to(at.add(run.format.stream_channel(16 * i + 1)), high);
+                    for (tile_sums, sums) in tile_sums.iter_mut().zip(sums) {
+                        for (t, s) in tile_sums.iter_mut().zip(sums) {
+                            *t = _mm256_add_epi32(*t, widened::<TABLE>(s));
                         }
+                    }
+                }
+                let w = run.format.width;
+                let [lows, highs] = &tile_sums;
+                for (h, (&low, &high)) in lows.iter().zip(highs).enumerate().take(self.heads) {
+                    let at = slots.as_mut_ptr().add(h * w);
+                    let step = self.rounded.steps[h][m];
+                    if packed {
+                        // Positions are channels: the lanes interleaved.
+                        let a = _mm256_unpacklo_epi32(low, high);
+                        let b = _mm256_unpackhi_epi32(low, high);
+                        add_scaled(
+                            at.add(16 * i),
+                            _mm256_permute2x128_si256::<0x20>(a, b),
+                            step,
+                        );
+                        add_scaled(
+                            at.add(16 * i + 8),
+                            _mm256_permute2x128_si256::<0x31>(a, b),
+                            step,
+                        );
+                    } else {
+                        // llama.cpp's blocks: each nibble's lanes are 8 channels in a row.
+                        add_scaled(at.add(run.format.stream_channel(16 * i)), low, step);
+                        add_scaled(at.add(run.format.stream_channel(16 * i + 1)), high, step);
                     }
                 }
             }
@@ -837,13 +857,13 @@ mod kernels {
             ahead: &mut Ahead,
         ) {
             let format = &self.run.format;
-            let (per_map, slices) = (format.maps.channels / GROUP, format.width / 64);
+            let (group_maps, slices) = (group_maps(format), format.width / 64);
             let share = self.n.div_ceil(4 * slices);
             for s in 0..slices {
                 for half in 0..2 {
                     for j in 0..4 {
                         ahead.rows(share);
-                        let m = (64 * s + 16 * j) / GROUP / per_map;
+                        let m = group_maps[(64 * s + 16 * j) / GROUP];
                         let sums = match j {
                             0 => self.pairs::<BITS, 0, TABLE>(s, half, m),
                             1 => self.pairs::<BITS, 1, TABLE>(s, half, m),
