@@ -403,6 +403,25 @@ mod kernels {
         }
     }
 
+    /// [`add_signed`] for `SIGNED` weights; weights ≥ 0 go into `vpmaddubsw` as its unsigned
+    /// operand against the levels as they are (pairs at most `2·127·128 < 2¹⁵`), without the
+    /// magnitudes and the signs.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn add_levels<const SIGNED: bool>(
+        sums: &mut [__m256i; HEADS],
+        levels: __m256i,
+        weights: [__m256i; HEADS],
+    ) {
+        if SIGNED {
+            return add_signed(sums, levels, weights);
+        }
+        for (sum, w) in sums.iter_mut().zip(weights) {
+            let pairs = _mm256_maddubs_epi16(w, levels);
+            *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+        }
+    }
+
     /// Scores of up to four heads for a tile of `run`'s blocks (keys) into `out[h][t]`,
     /// stored or (`add`) added.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -697,13 +716,23 @@ mod kernels {
             rounded,
             quads,
         };
-        match (centered, format.code_bits()) {
-            (false, 4) => sums.nibbles::<false>(slots, ahead),
-            (false, 3) => sums.planes::<3, false>(slots, ahead),
-            (false, _) => sums.planes::<2, false>(slots, ahead),
-            (true, 4) => sums.nibbles::<true>(slots, ahead),
-            (true, 3) => sums.planes::<3, true>(slots, ahead),
-            (true, _) => sums.planes::<2, true>(slots, ahead),
+        // A table's levels meet the weights unsigned where no scale of the tile is negative
+        // (TurboQuant's norms never are; iq4_nl's scales may be).
+        let signed = centered
+            && rounded.weights[..weights.len()]
+                .iter()
+                .flat_map(|maps| &maps[..format.maps()])
+                .any(|w| w[..n].iter().any(|&x| x < 0));
+        match (centered, signed, format.code_bits()) {
+            (false, _, 4) => sums.nibbles::<false, true>(slots, ahead),
+            (false, _, 3) => sums.planes::<3, false, true>(slots, ahead),
+            (false, _, _) => sums.planes::<2, false, true>(slots, ahead),
+            (true, true, 4) => sums.nibbles::<true, true>(slots, ahead),
+            (true, true, 3) => sums.planes::<3, true, true>(slots, ahead),
+            (true, true, _) => sums.planes::<2, true, true>(slots, ahead),
+            (true, false, 4) => sums.nibbles::<true, false>(slots, ahead),
+            (true, false, 3) => sums.planes::<3, true, false>(slots, ahead),
+            (true, false, _) => sums.planes::<2, true, false>(slots, ahead),
         }
         for (h, constants) in constants.chunks_exact_mut(MAP_WORDS).enumerate() {
             for (c, &x) in constants.iter_mut().zip(&rounded.constants[h]) {
@@ -763,10 +792,15 @@ mod kernels {
 
         /// 4-bit codes: per 8 stream bytes (16 channels) 8 quads at a time in 16 bits
         /// (`8·2·15·127 < 2¹⁵`), or through a table (`TABLE`) in 32 ([`add_signed`]), added up
-        /// over the tile in 32 bits and scaled once.
+        /// over the tile in 32 bits and scaled once. `SIGNED`: the table's weights may be
+        /// negative ([`add_levels`]).
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn nibbles<const TABLE: bool>(&self, slots: &mut [f32], ahead: &mut Ahead) {
+        unsafe fn nibbles<const TABLE: bool, const SIGNED: bool>(
+            &self,
+            slots: &mut [f32],
+            ahead: &mut Ahead,
+        ) {
             let table = table_of(&self.run.format);
             let (run, block_bytes) = (self.run, self.run.block_bytes());
             let stream = run.format.stream_bytes();
@@ -795,7 +829,7 @@ mod kernels {
                                 let weights: [__m256i; HEADS] = std::array::from_fn(weight);
                                 for (sums, codes) in sums.iter_mut().zip([low, high]) {
                                     let levels = _mm256_shuffle_epi8(table, codes);
-                                    add_signed(sums, levels, weights);
+                                    add_levels::<SIGNED>(sums, levels, weights);
                                 }
                             } else {
                                 // Head by head: one broadcast weight live at a time.
@@ -848,10 +882,10 @@ mod kernels {
 
         /// `BITS`-bit codes in bit planes: per 8 channels (a slice of 64, a half of its
         /// bytes, a bit pair `j`) the whole tile's quads at once (`16·2·7·127 < 2¹⁵`).
-        /// Through a table (`TABLE`), the sums are 32-bit ([`add_signed`]).
+        /// Through a table (`TABLE`), the sums are 32-bit ([`add_levels`], `SIGNED` as there).
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn planes<const BITS: usize, const TABLE: bool>(
+        unsafe fn planes<const BITS: usize, const TABLE: bool, const SIGNED: bool>(
             &self,
             slots: &mut [f32],
             ahead: &mut Ahead,
@@ -865,10 +899,10 @@ mod kernels {
                         ahead.rows(share);
                         let m = group_maps[(64 * s + 16 * j) / GROUP];
                         let sums = match j {
-                            0 => self.pairs::<BITS, 0, TABLE>(s, half, m),
-                            1 => self.pairs::<BITS, 1, TABLE>(s, half, m),
-                            2 => self.pairs::<BITS, 2, TABLE>(s, half, m),
-                            _ => self.pairs::<BITS, 3, TABLE>(s, half, m),
+                            0 => self.pairs::<BITS, 0, TABLE, SIGNED>(s, half, m),
+                            1 => self.pairs::<BITS, 1, TABLE, SIGNED>(s, half, m),
+                            2 => self.pairs::<BITS, 2, TABLE, SIGNED>(s, half, m),
+                            _ => self.pairs::<BITS, 3, TABLE, SIGNED>(s, half, m),
                         };
                         let channel = 64 * s + 16 * j + 8 * half;
                         self.scale_into::<TABLE>(&sums, m, slots, channel);
@@ -884,7 +918,12 @@ mod kernels {
         /// third plane, bit `4q + j` that channel's third bit.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn pairs<const BITS: usize, const J: usize, const TABLE: bool>(
+        unsafe fn pairs<
+            const BITS: usize,
+            const J: usize,
+            const TABLE: bool,
+            const SIGNED: bool,
+        >(
             &self,
             s: usize,
             half: usize,
@@ -911,7 +950,8 @@ mod kernels {
                         let codes = plane_codes::<BITS>(low, J, high, 4 * q + J);
                         let weights = &self.quads[m][4 * b + 2 * pair + q];
                         if TABLE {
-                            add_signed(&mut sums, _mm256_shuffle_epi8(table, codes), *weights);
+                            let levels = _mm256_shuffle_epi8(table, codes);
+                            add_levels::<SIGNED>(&mut sums, levels, *weights);
                         } else {
                             for (sum, w) in sums.iter_mut().zip(weights) {
                                 *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(codes, *w));
