@@ -718,11 +718,7 @@ mod kernels {
         };
         // A table's levels meet the weights unsigned where no scale of the tile is negative
         // (TurboQuant's norms never are; iq4_nl's scales may be).
-        let signed = centered
-            && rounded.weights[..weights.len()]
-                .iter()
-                .flat_map(|maps| &maps[..format.maps()])
-                .any(|w| w[..n].iter().any(|&x| x < 0));
+        let signed = centered && any_negative(rounded, weights.len(), format.maps());
         match (centered, signed, format.code_bits()) {
             (false, _, 4) => sums.nibbles::<false, true>(slots, ahead),
             (false, _, 3) => sums.planes::<3, false, true>(slots, ahead),
@@ -739,6 +735,24 @@ mod kernels {
                 *c += x;
             }
         }
+    }
+
+    /// Whether any of the first `heads` heads' rounded weights under the first `maps` maps is
+    /// negative (rows past a tile's end are 0). Two vectors per head and map: a byte-wise scan
+    /// cost ~25 instructions per row.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn any_negative(rounded: &Rounded, heads: usize, maps: usize) -> bool {
+        let mut signs = _mm256_setzero_si256();
+        for maps_of_head in &rounded.weights[..heads] {
+            for w in &maps_of_head[..maps] {
+                for half in w.chunks_exact(32) {
+                    let v = _mm256_loadu_si256(half.as_ptr() as *const _);
+                    signs = _mm256_or_si256(signs, v);
+                }
+            }
+        }
+        _mm256_movemask_epi8(signs) != 0
     }
 
     /// What [`sum_tile`]'s integer sums read: a tile of `n` rows, `heads` of them present, and
