@@ -2,7 +2,8 @@
 # Instructions per row of the group kernels, counted by valgrind's cachegrind: a figure that a
 # loaded host does not move (the timings of `group_kernels` move 1.5-2x on a shared machine),
 # for comparing two builds of a kernel. Counts every function of the run with at least one
-# instruction per row (a kernel with its closures); the kernels are `score_tile` (ROLE=key) and `sum_tile` (ROLE=value).
+# instruction per row (a kernel with its closures); the kernels are `score_tile` (ROLE=key;
+# `score_unit_tile` for KIVI's key blocks) and `sum_tile` (ROLE=value).
 #
 # Usage: bench/cpu/icount.sh ROLE BINARY SCHEME...
 #   cargo build --release -p kvq-codec --example group_kernels
@@ -22,7 +23,8 @@ for scheme in "$@"; do
     listed && /^ *[0-9,]+ \(/ {
       n = $1; gsub(",", "", n)
       # Closures of a kernel and helpers inlined into it count as the kernel.
-      if ($0 ~ /score_tile/) name = "score_tile"
+      if ($0 ~ /score_unit_tile/) name = "score_unit_tile"
+      else if ($0 ~ /score_tile/) name = "score_tile"
       else if ($0 ~ /sum_tile/) name = "sum_tile"
       else { k = split($0, parts, ":"); name = parts[k] }
       count[name] += n
