@@ -515,8 +515,8 @@ mod kernels {
         }
     }
 
-    /// The map of each group of `format`'s channels (a division per group cost the score
-    /// kernels' finish of q4_0 a fifth of its instructions).
+    /// The map of each group of `format`'s channels, for the kernels' loops (a `div` per
+    /// group in the scores' finish ran 0.5 times per row for q4_0).
     fn group_maps(format: &LevelFormat) -> [usize; MAX_GROUPS] {
         let per_map = format.maps.channels / GROUP;
         // Built without a division per group: it runs once per tile.
@@ -719,16 +719,19 @@ mod kernels {
         // A table's levels meet the weights unsigned where no scale of the tile is negative
         // (TurboQuant's norms never are; iq4_nl's scales may be).
         let signed = centered && any_negative(rounded, weights.len(), format.maps());
-        match (centered, signed, format.code_bits()) {
-            (false, _, 4) => sums.nibbles::<false, true>(slots, ahead),
-            (false, _, 3) => sums.planes::<3, false, true>(slots, ahead),
-            (false, _, _) => sums.planes::<2, false, true>(slots, ahead),
-            (true, true, 4) => sums.nibbles::<true, true>(slots, ahead),
-            (true, true, 3) => sums.planes::<3, true, true>(slots, ahead),
-            (true, true, _) => sums.planes::<2, true, true>(slots, ahead),
-            (true, false, 4) => sums.nibbles::<true, false>(slots, ahead),
-            (true, false, 3) => sums.planes::<3, true, false>(slots, ahead),
-            (true, false, _) => sums.planes::<2, true, false>(slots, ahead),
+        macro_rules! by_bits {
+            ($table:literal, $signed:literal) => {
+                match format.code_bits() {
+                    4 => sums.nibbles::<$table, $signed>(slots, ahead),
+                    3 => sums.planes::<3, $table, $signed>(slots, ahead),
+                    _ => sums.planes::<2, $table, $signed>(slots, ahead),
+                }
+            };
+        }
+        match (centered, signed) {
+            (false, _) => by_bits!(false, true),
+            (true, true) => by_bits!(true, true),
+            (true, false) => by_bits!(true, false),
         }
         for (h, constants) in constants.chunks_exact_mut(MAP_WORDS).enumerate() {
             for (c, &x) in constants.iter_mut().zip(&rounded.constants[h]) {
@@ -805,9 +808,9 @@ mod kernels {
         }
 
         /// 4-bit codes: per 8 stream bytes (16 channels) 8 quads at a time in 16 bits
-        /// (`8·2·15·127 < 2¹⁵`), or through a table (`TABLE`) in 32 ([`add_signed`]), added up
-        /// over the tile in 32 bits and scaled once. `SIGNED`: the table's weights may be
-        /// negative ([`add_levels`]).
+        /// (`8·2·15·127 < 2¹⁵`), or through a table (`TABLE`) in 32 ([`add_levels`], `SIGNED`
+        /// where the weights may be negative), added up over the tile in 32 bits and scaled
+        /// once.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn nibbles<const TABLE: bool, const SIGNED: bool>(
