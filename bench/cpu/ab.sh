@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A/B of kvq builds in turns: the attention benchmark of each build, one after another, ROUNDS
-# times, so that the slow minutes of a shared machine hit every build alike. Prints, per build
+# times (each round starting with the next build), so that the slow minutes of a shared
+# machine hit every build alike. Prints, per build
 # and cache, the fastest and the median of the rounds' fastest times (ms), all of them, and the
 # median of the rounds' turn ratios (each run's median of turn time over the f16 cache's in the
 # same turn: the figure that a loaded host moves least).
@@ -13,8 +14,11 @@ rounds=$1
 shift
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-for _ in $(seq "$rounds"); do
-  for build in "$@"; do
+builds=("$@")
+for round in $(seq "$rounds"); do
+  # Each round starts one build later, so that no build always runs first or last.
+  for i in $(seq 0 $((${#builds[@]} - 1))); do
+    build=${builds[$(((i + round) % ${#builds[@]}))]}
     IFS=: read -r name bin vars <<< "$build"
     env $vars "$bin" bench attention --kv "${KV:-turbo3,q4_0}" --ctx "${CTX:-32768}" \
         --iters "${ITERS:-10}" --json 2>/dev/null |
