@@ -116,7 +116,7 @@ impl QMatrix {
     /// Dot product of weight row `r` with the activations.
     fn row_dot(&self, r: usize, x: &[f32], qx: &QActivations, scratch: &mut Vec<f32>) -> f32 {
         if self.uses_integer_kernel() {
-            // SAFETY: `uses_integer_kernel` checked that the CPU has AVX2 and FMA.
+            // SAFETY: `uses_integer_kernel` checked that the CPU has AVX2, FMA and F16C.
             return unsafe { simd::row_dot(self.dtype, self.row(r), qx) };
         }
         scratch.resize(self.cols, 0.0);
@@ -141,24 +141,30 @@ mod simd {
     //! AVX2 integer dot products of one weight row with 8-bit activations.
     use crate::gguf::TensorType;
     use crate::quant::{k_scale_min, QActivations};
-    use half::f16;
     use std::arch::x86_64::*;
 
-    /// Whether the CPU runs these kernels (AVX2 and FMA).
+    /// Whether the CPU runs these kernels (AVX2, FMA and F16C).
     pub fn available() -> bool {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+        std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
     }
 
+    /// The f16 at `b[at..at + 2]` as f32, converted in a register. (`half`'s conversion is a
+    /// function with its own target features that these kernels cannot inline: per Q8_0
+    /// block a call, a `vzeroupper` and three spilled registers, most of the LM head's time.)
     #[inline]
-    fn f16_at(b: &[u8], at: usize) -> f32 {
-        f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16_at(b: &[u8], at: usize) -> f32 {
+        let bits = u16::from_le_bytes([b[at], b[at + 1]]);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
     }
 
     /// Dot of weight row `row` (type `dtype`) with `qx`.
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn row_dot(dtype: TensorType, row: &[u8], qx: &QActivations) -> f32 {
         match dtype {
             TensorType::Q8_0 => dot_q8_0(row, qx),
@@ -171,7 +177,7 @@ mod simd {
 
     /// Signed 8-bit dot of 32 pairs, as 8 i32 lanes.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_signed(w: __m256i, x: __m256i) -> __m256i {
         let abs_w = _mm256_sign_epi8(w, w);
         let x_signed = _mm256_sign_epi8(x, w);
@@ -180,7 +186,7 @@ mod simd {
     }
 
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -189,14 +195,14 @@ mod simd {
     }
 
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load_x(qx: &QActivations, block: usize) -> __m256i {
         _mm256_loadu_si256(qx.quants.as_ptr().add(32 * block) as *const __m256i)
     }
 
     /// 32 bytes, byte `i` = 0xFF where bit `i` of `bits` is set.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn bytes_from_bits(bits: u32) -> __m256i {
         let spread = _mm256_shuffle_epi8(
             _mm256_set1_epi32(bits as i32),
@@ -211,7 +217,7 @@ mod simd {
         _mm256_cmpeq_epi8(_mm256_or_si256(spread, all_but_one), _mm256_set1_epi64x(-1))
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_q8_0(row: &[u8], qx: &QActivations) -> f32 {
         let mut acc = _mm256_setzero_ps();
         for (b, blk) in row.chunks_exact(34).enumerate() {
@@ -223,7 +229,7 @@ mod simd {
         hsum(acc)
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_q5_0(row: &[u8], qx: &QActivations) -> f32 {
         let mut acc = _mm256_setzero_ps();
         let low_mask = _mm_set1_epi8(0x0F);
@@ -244,7 +250,7 @@ mod simd {
         hsum(acc)
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_q4_k(row: &[u8], qx: &QActivations) -> f32 {
         let mut acc = _mm256_setzero_ps();
         let mut min_sum = 0f32;
@@ -275,7 +281,7 @@ mod simd {
         hsum(acc) - min_sum
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_q6_k(row: &[u8], qx: &QActivations) -> f32 {
         let mut acc = _mm256_setzero_ps();
         let mut offset_sum = 0f32;
