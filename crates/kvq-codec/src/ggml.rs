@@ -214,8 +214,28 @@ impl GgmlType {
         }
     }
 
-    /// Decodes a run of blocks (`out.len()` a multiple of 32 values).
+    /// Decodes a run of blocks (`out.len()` a multiple of 32 values) with the vector kernels
+    /// where the CPU has them (AVX-512 for Q4_0 and Q8_0, AVX2 for all), else block by block
+    /// as [`GgmlType::dequantize_block`]; the kernels may round `d·level + m` once where it
+    /// rounds twice.
     pub fn dequantize_row(self, blocks: &[u8], out: &mut [f32]) {
+        assert_eq!(blocks.len() / self.block_bytes() * QK, out.len());
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::use_avx2() {
+            if crate::simd::use_avx512() && matches!(self, GgmlType::Q4_0 | GgmlType::Q8_0) {
+                // SAFETY: AVX-512F/DQ are present; `blocks` holds one block per 32 outputs.
+                unsafe { avx512::dequantize(self, blocks, out) };
+                return;
+            }
+            // SAFETY: AVX2/FMA/F16C are present; `blocks` holds one block per 32 outputs.
+            unsafe { avx2::dequantize(self, blocks, out) };
+            return;
+        }
+        self.dequantize_blocks(blocks, out);
+    }
+
+    /// [`GgmlType::dequantize_row`] block by block, without vector kernels.
+    fn dequantize_blocks(self, blocks: &[u8], out: &mut [f32]) {
         for (block, xs) in blocks
             .chunks_exact(self.block_bytes())
             .zip(out.chunks_exact_mut(QK))
@@ -359,7 +379,7 @@ impl Codec for GgmlCodec {
     }
 
     fn decode(&self, block: &[u8], rows: &mut [f32]) {
-        self.ty.dequantize_row(block, rows);
+        self.ty.dequantize_blocks(block, rows);
     }
 
     /// Types with a minimum append each 32-block's query sum, which the `m` term needs; the
@@ -481,18 +501,6 @@ impl Codec for GgmlCodec {
     }
 
     fn decode_working(&self, blocks: &[u8], rows: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if crate::simd::use_avx2() {
-            assert_eq!(blocks.len() / self.ty.block_bytes() * QK, rows.len());
-            if crate::simd::use_avx512() && matches!(self.ty, GgmlType::Q4_0 | GgmlType::Q8_0) {
-                // SAFETY: AVX-512F/DQ are present; `blocks` holds one block per 32 outputs.
-                unsafe { avx512::dequantize(self.ty, blocks, rows) };
-                return;
-            }
-            // SAFETY: AVX2/FMA/F16C are present; `blocks` holds one block per 32 outputs.
-            unsafe { avx2::dequantize(self.ty, blocks, rows) };
-            return;
-        }
         self.ty.dequantize_row(blocks, rows);
     }
 }
