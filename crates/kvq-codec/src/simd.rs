@@ -883,6 +883,11 @@ macro_rules! group_drivers {
     };
 }
 
+/// Two of [`avx2`]'s helpers that the model's weight kernels share (they require a CPU with
+/// AVX2, FMA and F16C, and inline into callers with those features).
+#[cfg(target_arch = "x86_64")]
+pub use avx2::{f16_at, hsum};
+
 /// AVX2/FMA/F16C kernels and the helpers the codecs' block kernels share. Every function
 /// requires a CPU with AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
@@ -891,6 +896,9 @@ pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     /// The sum of the 8 lanes of `v`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn hsum(v: __m256) -> f32 {
@@ -900,6 +908,9 @@ pub(crate) mod avx2 {
     }
 
     /// The little-endian f16 at `p` as f32.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C, and `p` must point to two readable bytes.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn f16_at(p: *const u8) -> f32 {

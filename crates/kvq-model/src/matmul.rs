@@ -141,6 +141,10 @@ mod simd {
     //! AVX2 integer dot products of one weight row with 8-bit activations.
     use crate::gguf::TensorType;
     use crate::quant::{k_scale_min, QActivations};
+    // The block scales converted by F16C in a register: `half`'s conversion is a function
+    // with its own target features that these kernels cannot inline (per Q8_0 block of the LM
+    // head a call, a `vzeroupper` and three spilled registers).
+    use kvq_codec::simd::{f16_at, hsum};
     use std::arch::x86_64::*;
 
     /// Whether the CPU runs these kernels (AVX2, FMA and F16C).
@@ -148,16 +152,6 @@ mod simd {
         std::is_x86_feature_detected!("avx2")
             && std::is_x86_feature_detected!("fma")
             && std::is_x86_feature_detected!("f16c")
-    }
-
-    /// The f16 at `b[at..at + 2]` as f32, converted in a register. (`half`'s conversion is a
-    /// function with its own target features that these kernels cannot inline: per Q8_0
-    /// block a call, a `vzeroupper` and three spilled registers, most of the LM head's time.)
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn f16_at(b: &[u8], at: usize) -> f32 {
-        let bits = u16::from_le_bytes([b[at], b[at + 1]]);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
     }
 
     /// Dot of weight row `row` (type `dtype`) with `qx`.
@@ -183,15 +177,6 @@ mod simd {
         let x_signed = _mm256_sign_epi8(x, w);
         let pairs = _mm256_maddubs_epi16(abs_w, x_signed);
         _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
     }
 
     #[inline]
@@ -223,7 +208,7 @@ mod simd {
         for (b, blk) in row.chunks_exact(34).enumerate() {
             let w = _mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i);
             let dots = _mm256_cvtepi32_ps(dot_signed(w, load_x(qx, b)));
-            let scale = _mm256_set1_ps(f16_at(blk, 0) * qx.scales[b]);
+            let scale = _mm256_set1_ps(f16_at(blk.as_ptr()) * qx.scales[b]);
             acc = _mm256_fmadd_ps(dots, scale, acc);
         }
         hsum(acc)
@@ -244,7 +229,7 @@ mod simd {
                 _mm256_andnot_si256(bytes_from_bits(qh), _mm256_set1_epi8(0xF0u8 as i8));
             let w = _mm256_or_si256(nibbles, missing_bit);
             let dots = _mm256_cvtepi32_ps(dot_signed(w, load_x(qx, b)));
-            let scale = _mm256_set1_ps(f16_at(blk, 0) * qx.scales[b]);
+            let scale = _mm256_set1_ps(f16_at(blk.as_ptr()) * qx.scales[b]);
             acc = _mm256_fmadd_ps(dots, scale, acc);
         }
         hsum(acc)
@@ -257,7 +242,7 @@ mod simd {
         let low_mask = _mm256_set1_epi8(0x0F);
         let ones = _mm256_set1_epi16(1);
         for (sb, blk) in row.chunks_exact(144).enumerate() {
-            let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+            let (d, dmin) = (f16_at(blk.as_ptr()), f16_at(blk.as_ptr().add(2)));
             let scales = &blk[4..16];
             for chunk in 0..4 {
                 let q = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * chunk) as *const __m256i);
@@ -288,7 +273,7 @@ mod simd {
         let m4 = _mm256_set1_epi8(0x0F);
         let m2 = _mm256_set1_epi8(0x03);
         for (sb, blk) in row.chunks_exact(210).enumerate() {
-            let d = f16_at(blk, 208);
+            let d = f16_at(blk.as_ptr().add(208));
             for half in 0..2 {
                 let ql0 = _mm256_loadu_si256(blk.as_ptr().add(64 * half) as *const __m256i);
                 let ql1 = _mm256_loadu_si256(blk.as_ptr().add(64 * half + 32) as *const __m256i);
