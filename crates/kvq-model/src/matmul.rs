@@ -50,8 +50,9 @@ impl QMatrix {
 
     /// `y = W·x` for one activation vector (`x.len() == cols`, `y.len() == rows`).
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        let kernel = simd::row_kernel(self.dtype);
         let mut qx = QActivations::default();
-        if self.uses_integer_kernel() {
+        if kernel.is_some() {
             qx.quantize(x);
         }
         y.par_chunks_mut(MATVEC_ROWS_PER_TASK)
@@ -60,7 +61,16 @@ impl QMatrix {
                 let first = task * MATVEC_ROWS_PER_TASK;
                 let mut scratch = Vec::new();
                 for (i, yv) in ys.iter_mut().enumerate() {
-                    *yv = self.row_dot(first + i, x, &qx, &mut scratch);
+                    let row = self.row(first + i);
+                    *yv = match kernel {
+                        // SAFETY: `row_kernel` gives only kernels that this CPU runs.
+                        Some(dot) => unsafe { dot(row, &qx) },
+                        None => {
+                            scratch.resize(self.cols, 0.0);
+                            dequantize_row(self.dtype, row, &mut scratch);
+                            scratch.iter().zip(x).map(|(a, b)| a * b).sum()
+                        }
+                    };
                 }
             });
     }
@@ -104,25 +114,6 @@ impl QMatrix {
             }
         });
     }
-
-    fn uses_integer_kernel(&self) -> bool {
-        simd::available()
-            && matches!(
-                self.dtype,
-                TensorType::Q8_0 | TensorType::Q5_0 | TensorType::Q4K | TensorType::Q6K
-            )
-    }
-
-    /// Dot product of weight row `r` with the activations.
-    fn row_dot(&self, r: usize, x: &[f32], qx: &QActivations, scratch: &mut Vec<f32>) -> f32 {
-        if self.uses_integer_kernel() {
-            // SAFETY: `uses_integer_kernel` checked that the CPU has AVX2, FMA and F16C.
-            return unsafe { simd::row_dot(self.dtype, self.row(r), qx) };
-        }
-        scratch.resize(self.cols, 0.0);
-        self.dequantize_row(r, scratch);
-        scratch.iter().zip(x).map(|(a, b)| a * b).sum()
-    }
 }
 
 #[derive(Clone, Copy)]
@@ -138,35 +129,37 @@ impl SharedOut {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    //! AVX2 integer dot products of one weight row with 8-bit activations.
+    //! Integer dot products of one weight row with 8-bit activations: AVX2 kernels, and
+    //! AVX-512 ones (VNNI, byte masks) where they pay.
     use crate::gguf::TensorType;
     use crate::quant::{k_scale_min, QActivations};
     // The block scales converted by F16C in a register: `half`'s conversion is a function
     // with its own target features that these kernels cannot inline (per Q8_0 block of the LM
     // head a call, a `vzeroupper` and three spilled registers).
-    use kvq_codec::simd::{f16_at, hsum};
+    use kvq_codec::simd::{f16_at, hsum, use_avx2, use_avx512};
     use std::arch::x86_64::*;
 
-    /// Whether the CPU runs these kernels (AVX2, FMA and F16C).
-    pub fn available() -> bool {
-        std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
-    }
+    /// A row kernel: the dot of one weight row with the quantized activations. Callable only
+    /// on a CPU with the features it was chosen for ([`row_kernel`]).
+    pub type RowDot = unsafe fn(&[u8], &QActivations) -> f32;
 
-    /// Dot of weight row `row` (type `dtype`) with `qx`.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2, FMA and F16C.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn row_dot(dtype: TensorType, row: &[u8], qx: &QActivations) -> f32 {
-        match dtype {
-            TensorType::Q8_0 => dot_q8_0(row, qx),
-            TensorType::Q5_0 => dot_q5_0(row, qx),
-            TensorType::Q4K => dot_q4_k(row, qx),
-            TensorType::Q6K => dot_q6_k(row, qx),
-            _ => unreachable!("no integer kernel for {dtype:?}"),
+    /// The fastest kernel this CPU runs (within the ISA limit of `kvq_codec::simd`) for rows
+    /// of `dtype`, if there is one.
+    pub fn row_kernel(dtype: TensorType) -> Option<RowDot> {
+        if !use_avx2() {
+            return None;
         }
+        let vnni = use_avx512()
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vnni");
+        Some(match dtype {
+            TensorType::Q8_0 => dot_q8_0,
+            TensorType::Q5_0 if vnni => dot_q5_0_vnni,
+            TensorType::Q5_0 => dot_q5_0,
+            TensorType::Q4K => dot_q4_k,
+            TensorType::Q6K => dot_q6_k,
+            _ => return None,
+        })
     }
 
     /// Signed 8-bit dot of 32 pairs, as 8 i32 lanes.
@@ -233,6 +226,32 @@ mod simd {
             acc = _mm256_fmadd_ps(dots, scale, acc);
         }
         hsum(acc)
+    }
+
+    /// [`dot_q5_0`] on AVX-512: the fifth bits as a byte mask, the weights unsigned (`value +
+    /// 16`, the 16 taken off as `16·Σx` per block) into one `vpdpbusd` per block.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn dot_q5_0_vnni(row: &[u8], qx: &QActivations) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let mut offset = 0f32;
+        // Bytes 0–15 of a block's nibbles are its low nibbles, bytes 16–31 its high ones.
+        let shifts = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+        for (b, blk) in row.chunks_exact(22).enumerate() {
+            let qh = std::ptr::read_unaligned(blk.as_ptr().add(2) as *const u32);
+            let qs =
+                _mm256_broadcastsi128_si256(_mm_loadu_si128(blk.as_ptr().add(6) as *const __m128i));
+            let nibbles = _mm256_and_si256(_mm256_srlv_epi32(qs, shifts), _mm256_set1_epi8(0x0F));
+            let w = _mm256_mask_add_epi8(nibbles, qh, nibbles, _mm256_set1_epi8(0x10));
+            let dots = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, load_x(qx, b));
+            let d = f16_at(blk.as_ptr());
+            acc = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(dots),
+                _mm256_set1_ps(d * qx.scales[b]),
+                acc,
+            );
+            offset += d * (qx.half_sums[2 * b] + qx.half_sums[2 * b + 1]);
+        }
+        hsum(acc) - 16.0 * offset
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -319,11 +338,9 @@ mod simd {
 mod simd {
     use crate::gguf::TensorType;
     use crate::quant::QActivations;
-    pub fn available() -> bool {
-        false
-    }
-    pub unsafe fn row_dot(_: TensorType, _: &[u8], _: &QActivations) -> f32 {
-        unreachable!()
+    pub type RowDot = unsafe fn(&[u8], &QActivations) -> f32;
+    pub fn row_kernel(_: TensorType) -> Option<RowDot> {
+        None
     }
 }
 
@@ -394,7 +411,11 @@ mod tests {
             w.matvec(&x, &mut y);
             let norm = exact.iter().map(|v| v.abs()).fold(0f32, f32::max).max(1e-3);
             for (r, (a, b)) in y.iter().zip(&exact).enumerate() {
-                let tol = if w.uses_integer_kernel() { 1e-4 } else { 2e-2 };
+                let tol = if simd::row_kernel(dtype).is_some() {
+                    1e-4
+                } else {
+                    2e-2
+                };
                 assert!((a - b).abs() <= tol * norm, "{dtype:?} row {r}: {a} vs {b}");
             }
         }
