@@ -4,8 +4,9 @@
 # median tokens/s, every round's figure, and the median of the rounds' ratios to the first
 # build (the figure a loaded host moves least).
 #
-# Usage: bench/cpu/decode_ab.sh ROUNDS BINARY...
+# Usage: bench/cpu/decode_ab.sh ROUNDS BINARY[:KV]...   (KV: that run's cache, default $KV)
 #   CTX=512 KV=f16 TOKENS=48 bench/cpu/decode_ab.sh 6 /tmp/kvq-old target/release/kvq
+#   CTX=16384 bench/cpu/decode_ab.sh 6 target/release/kvq:f16 target/release/kvq:int4-g128
 set -euo pipefail
 rounds=$1
 shift
@@ -15,8 +16,9 @@ trap 'rm -f "$out"' EXIT
 for round in $(seq "$rounds"); do
   for i in $(seq 0 $((${#builds[@]} - 1))); do
     b=$(((i + round) % ${#builds[@]}))
-    "${builds[$b]}" bench decode --ctx "${CTX:-512}" --tokens "${TOKENS:-48}" --prefill 0 \
-        --kv "${KV:-f16}" --json 2>/dev/null |
+    IFS=: read -r bin kv <<< "${builds[$b]}"
+    "$bin" bench decode --ctx "${CTX:-512}" --tokens "${TOKENS:-48}" --prefill 0 \
+        --kv "${kv:-${KV:-f16}}" --json 2>/dev/null |
       python3 -c "import json, sys; print($round, $b, json.load(sys.stdin)[0]['tokens_per_s'])" >> "$out"
   done
 done
