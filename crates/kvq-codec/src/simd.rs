@@ -914,11 +914,19 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn f16_at(p: *const u8) -> f32 {
-        // A broadcast, not a move into lane 0: LLVM turns the latter into `vpinsrw` into
-        // whatever register it likes, at times a loop's accumulator, whose chain the scale's
-        // conversion then joined (the weight kernels' loops ran at ~11 cycles per block).
-        let h = std::ptr::read_unaligned(p as *const i16);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(h)))
+        // The conversion in assembly, so that its input is a whole register: with `_mm_cvtph_ps`
+        // LLVM sees that only lane 0 matters and loads the half with `vpinsrw` into whatever
+        // register it likes, at times a loop's accumulator, whose chain the scale then joins
+        // (the weight kernels' loops ran at ~11 cycles per block). `vmovd` writes all lanes.
+        let h = _mm_cvtsi32_si128(i32::from(std::ptr::read_unaligned(p as *const u16)));
+        let f: __m128;
+        std::arch::asm!(
+            "vcvtph2ps {f}, {h}",
+            h = in(xmm_reg) h,
+            f = lateout(xmm_reg) f,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+        _mm_cvtss_f32(f)
     }
 
     /// The 8 codes of width `B` (1, 2, 3, 4 or 8) in the `B` bytes at `p`, least significant
