@@ -58,32 +58,48 @@ fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
 
 #[test]
 fn one_prefill_chunked_prefill_and_decode_agree() {
+    use kvq_codec::simd::{with_isa_limit, Isa};
     let (model, tok) = load();
     let text = "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named after the engineer Gustave Eiffel, whose company designed and built the tower.";
     let ids = tok.encode(text, true);
     let n = ids.len();
     assert!(n > 30, "{n} tokens");
 
-    let mut a = cache(&model, "f32", n);
-    let seq = a.add_sequence();
-    let whole = model.logits(&model.forward(&mut a, seq, &ids, n - 1).unwrap());
-
-    // Chunks of 8 then single tokens: the multi-token (f32 GEMM) and one-token (8-bit integer
-    // dot) paths must give the same distribution.
-    let mut b = cache(&model, "f32", n);
-    let seq = b.add_sequence();
-    let split = n - 5;
-    for chunk in ids[..split].chunks(8) {
-        model.forward(&mut b, seq, chunk, chunk.len()).unwrap();
-    }
-    let mut last = Vec::new();
-    for &t in &ids[split..] {
-        last = model.logits(&model.forward(&mut b, seq, &[t], 0).unwrap());
-    }
-    // Decode quantizes activations to 8 bits (as llama.cpp does), prefill multiplies in f32:
-    // the two next-token distributions must agree closely.
+    let prefill = || {
+        let mut a = cache(&model, "f32", n);
+        let seq = a.add_sequence();
+        model.logits(&model.forward(&mut a, seq, &ids, n - 1).unwrap())
+    };
+    // Chunks of 8 then single tokens, through the multi-token (f32 GEMM) and one-token paths.
+    let chunked_then_decoded = || {
+        let mut b = cache(&model, "f32", n);
+        let seq = b.add_sequence();
+        let split = n - 5;
+        for chunk in ids[..split].chunks(8) {
+            model.forward(&mut b, seq, chunk, chunk.len()).unwrap();
+        }
+        let mut last = Vec::new();
+        for &t in &ids[split..] {
+            last = model.logits(&model.forward(&mut b, seq, &[t], 0).unwrap());
+        }
+        last
+    };
+    // Under the scalar fallbacks (on this thread) one-token products are f32 dot products of
+    // dequantized rows: the GEMM's arithmetic but for the order of the sums. This model
+    // amplifies such differences (a chunked prefill alone moves the next-token distribution
+    // by a KL of ~5e-5; measured here ~1e-11 to 4e-4 depending on which threads ran scalar).
+    let (whole_f32, f32_decode) =
+        with_isa_limit(Isa::Scalar, || (prefill(), chunked_then_decoded()));
+    let kl = kl_divergence(&whole_f32, &f32_decode);
+    assert!(kl < 2e-3, "prefill vs f32 decode: KL divergence {kl}");
+    let whole = prefill();
+    // The integer kernels quantize activations to 8 bits per 32 (as llama.cpp does): their
+    // rounding moves the distribution, by a KL of 0.001–0.006 on this text across builds
+    // whose arithmetic differs only in the order of sums or in GELU's last bits (each changes
+    // which activations round up).
+    let last = chunked_then_decoded();
     let kl = kl_divergence(&whole, &last);
-    assert!(kl < 5e-3, "prefill vs decode: KL divergence {kl}");
+    assert!(kl < 1.5e-2, "prefill vs decode: KL divergence {kl}");
     let diff = max_rel_diff(&last, &whole);
     assert!(
         diff < 0.05,
