@@ -5,9 +5,12 @@
 //! own speed, in nanoseconds per row).
 //!
 //! `cargo run --release -p kvq-model --example matvec [-- MODEL.gguf]`
-//! (environment: `REPS`, tokens to time, default 40; best and median are printed).
+//! (environment: `REPS`, tokens to time, default 40; best and median are printed; `ISA=avx2`
+//! limits the kernels to AVX2; `SYNTHETIC=1` times random matrices of the reference model's
+//! weight types and shapes instead of a model file, for a machine without it).
 
-use kvq_model::gguf::Gguf;
+use kvq_codec::simd::{with_isa_limit, Isa};
+use kvq_model::gguf::{Gguf, TensorType};
 use kvq_model::matmul::QMatrix;
 use std::time::Instant;
 
@@ -18,14 +21,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let path = std::env::args_os()
-        .nth(1)
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(kvq_model::reference_model_path);
     let reps: usize = std::env::var("REPS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(40);
+    let kinds = if std::env::var_os("SYNTHETIC").is_some() {
+        synthetic_weights()
+    } else {
+        model_weights()?
+    };
+    let isa = match std::env::var("ISA").as_deref() {
+        Ok("avx2") => Isa::Avx2,
+        _ => Isa::Avx512,
+    };
+    with_isa_limit(isa, || time(&kinds, reps));
+    Ok(())
+}
+
+/// Each weight kind of decode, with its matrix in every layer (the LM head last).
+type Weights = Vec<(String, Vec<QMatrix>)>;
+
+const KINDS: [&str; 7] = [
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+];
+
+fn model_weights() -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> {
+    let path = std::env::args_os()
+        .nth(1)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(kvq_model::reference_model_path);
     let g = Gguf::open(&path)?;
     let layers = g.get_usize("gemma3.block_count")?;
     let matrix = |name: &str| -> Result<QMatrix, Box<dyn std::error::Error + Send + Sync>> {
@@ -37,28 +67,75 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             data: g.tensor_bytes(t).to_vec(),
         })
     };
-    let mut kinds: Vec<(String, Vec<QMatrix>)> = Vec::new();
-    for kind in [
-        "attn_q",
-        "attn_k",
-        "attn_v",
-        "attn_output",
-        "ffn_gate",
-        "ffn_up",
-        "ffn_down",
-    ] {
+    let mut kinds: Weights = Vec::new();
+    for kind in KINDS {
         let all = (0..layers)
             .map(|l| matrix(&format!("blk.{l}.{kind}.weight")))
             .collect::<Result<Vec<_>, _>>()?;
         kinds.push((kind.to_string(), all));
     }
     kinds.push(("output".into(), vec![matrix("token_embd.weight")?]));
+    Ok(kinds)
+}
+
+/// Random matrices of the reference model's types and shapes (18 layers; `ffn_down` all
+/// Q6_K), their f16 scales kept small so that no product overflows.
+fn synthetic_weights() -> Weights {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let mut random = |dtype: TensorType, rows: usize, cols: usize| {
+        let mut data: Vec<u8> = (0..rows * dtype.row_bytes(cols))
+            .map(|_| rng.gen())
+            .collect();
+        let scale_offsets: &[usize] = match dtype {
+            TensorType::Q4K => &[0, 2],
+            TensorType::Q6K => &[208],
+            _ => &[0],
+        };
+        for block in data.chunks_exact_mut(dtype.block().1) {
+            for &o in scale_offsets {
+                let scale = half::f16::from_f32(rng.gen_range(-0.05..0.05));
+                block[o..o + 2].copy_from_slice(&scale.to_le_bytes());
+            }
+        }
+        QMatrix {
+            dtype,
+            rows,
+            cols,
+            data,
+        }
+    };
+    let shapes = [
+        (TensorType::Q5_0, 1024, 640),
+        (TensorType::Q5_0, 256, 640),
+        (TensorType::Q8_0, 256, 640),
+        (TensorType::Q4K, 640, 1024),
+        (TensorType::Q5_0, 2048, 640),
+        (TensorType::Q5_0, 2048, 640),
+        (TensorType::Q6K, 640, 2048),
+    ];
+    let mut kinds: Weights = KINDS
+        .iter()
+        .zip(shapes)
+        .map(|(kind, (dtype, rows, cols))| {
+            let all = (0..18).map(|_| random(dtype, rows, cols)).collect();
+            (kind.to_string(), all)
+        })
+        .collect();
+    kinds.push((
+        "output".into(),
+        vec![random(TensorType::Q8_0, 262_144, 640)],
+    ));
+    kinds
+}
+
+fn time(kinds: &Weights, reps: usize) {
     println!(
         "{:12} {:>6} {:>10} {:>10} {:>9} {:>8}",
         "weight", "type", "best µs", "median µs", "MiB", "GB/s"
     );
     let (mut best_total, mut median_total) = (0.0, 0.0);
-    for (kind, matrices) in &kinds {
+    for (kind, matrices) in kinds {
         let x: Vec<f32> = (0..matrices[0].cols)
             .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
             .collect();
@@ -106,5 +183,4 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             us * 1e3 / m.rows as f64
         );
     }
-    Ok(())
 }

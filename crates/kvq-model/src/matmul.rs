@@ -140,14 +140,15 @@ impl SharedOut {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    //! Integer dot products of one weight row with 8-bit activations: AVX2 kernels, and
-    //! AVX-512 ones (VNNI, byte masks) where they pay.
+    //! Integer dot products of one weight row with 8-bit activations (AVX2). A Q5_0 kernel
+    //! on AVX-512 VNNI (one `vpdpbusd` per block, unsigned weights) was no faster on Zen 4 or
+    //! on a Xeon (bench/cpu/NOTES.md, session 24).
     use crate::gguf::TensorType;
     use crate::quant::{k_scale_min, QActivations};
     // The block scales converted by F16C in a register: `half`'s conversion is a function
     // with its own target features that these kernels cannot inline (per Q8_0 block of the LM
     // head a call, a `vzeroupper` and three spilled registers).
-    use kvq_codec::simd::{f16_at, hsum, use_avx2, use_avx512};
+    use kvq_codec::simd::{f16_at, hsum, use_avx2};
     use std::arch::x86_64::*;
 
     /// A row kernel: the dot of one weight row with the quantized activations. Callable only
@@ -160,12 +161,8 @@ mod simd {
         if !use_avx2() {
             return None;
         }
-        let vnni = use_avx512()
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512vnni");
         Some(match dtype {
             TensorType::Q8_0 => dot_q8_0,
-            TensorType::Q5_0 if vnni => dot_q5_0_vnni,
             TensorType::Q5_0 => dot_q5_0,
             TensorType::Q4K => dot_q4_k,
             TensorType::Q6K => dot_q6_k,
@@ -272,27 +269,6 @@ mod simd {
             let dots = _mm256_cvtepi32_ps(dot_signed(w, load_x(qx, b)));
             (dots, f16_at(blk.as_ptr()) * qx.scales[b])
         })
-    }
-
-    /// [`dot_q5_0`] on AVX-512: the fifth bits as a byte mask, the weights unsigned (`value +
-    /// 16`, the 16 taken off as `16·Σx` per block) into one `vpdpbusd` per block.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn dot_q5_0_vnni(row: &[u8], qx: &QActivations) -> f32 {
-        let mut offset = 0f32;
-        // Bytes 0–15 of a block's nibbles are its low nibbles, bytes 16–31 its high ones.
-        let shifts = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
-        let sum = sum_blocks::<22>(row, |b, blk| {
-            let qh = std::ptr::read_unaligned(blk.as_ptr().add(2) as *const u32);
-            let qs =
-                _mm256_broadcastsi128_si256(_mm_loadu_si128(blk.as_ptr().add(6) as *const __m128i));
-            let nibbles = _mm256_and_si256(_mm256_srlv_epi32(qs, shifts), _mm256_set1_epi8(0x0F));
-            let w = _mm256_mask_add_epi8(nibbles, qh, nibbles, _mm256_set1_epi8(0x10));
-            let dots = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, load_x(qx, b));
-            let d = f16_at(blk.as_ptr());
-            offset += d * (qx.half_sums[2 * b] + qx.half_sums[2 * b + 1]);
-            (_mm256_cvtepi32_ps(dots), d * qx.scales[b])
-        });
-        sum - 16.0 * offset
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -435,7 +411,6 @@ mod tests {
 
     #[test]
     fn integer_kernels_match_dequantized_dot_products() {
-        use kvq_codec::simd::{with_isa_limit, Isa};
         for dtype in [
             TensorType::Q8_0,
             TensorType::Q5_0,
@@ -459,20 +434,18 @@ mod tests {
                 qx.quantize(&x);
                 let exact = reference_matvec(&w, &qx.dequantize());
                 let norm = exact.iter().map(|v| v.abs()).fold(0f32, f32::max).max(1e-3);
-                // Every kernel this CPU runs: the widest, then the AVX2 ones.
-                for isa in [Isa::Avx512, Isa::Avx2] {
-                    let (kernel, y) = with_isa_limit(isa, || {
-                        let mut y = vec![0f32; rows];
-                        w.matvec(&x, &mut y);
-                        (simd::row_kernel(dtype).is_some(), y)
-                    });
-                    let tol = if kernel { 1e-4 } else { 2e-2 };
-                    for (r, (a, b)) in y.iter().zip(&exact).enumerate() {
-                        assert!(
-                            (a - b).abs() <= tol * norm,
-                            "{dtype:?} {isa:?} {cols} columns, row {r}: {a} vs {b}"
-                        );
-                    }
+                let mut y = vec![0f32; rows];
+                w.matvec(&x, &mut y);
+                let tol = if simd::row_kernel(dtype).is_some() {
+                    1e-4
+                } else {
+                    2e-2
+                };
+                for (r, (a, b)) in y.iter().zip(&exact).enumerate() {
+                    assert!(
+                        (a - b).abs() <= tol * norm,
+                        "{dtype:?} {cols} columns, row {r}: {a} vs {b}"
+                    );
                 }
             }
         }
