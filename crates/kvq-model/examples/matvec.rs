@@ -5,11 +5,10 @@
 //! own speed, in nanoseconds per row).
 //!
 //! `cargo run --release -p kvq-model --example matvec [-- MODEL.gguf]`
-//! (environment: `REPS`, tokens to time, default 40; best and median are printed; `ISA=avx2`
-//! limits the kernels to AVX2; `SYNTHETIC=1` times random matrices of the reference model's
-//! weight types and shapes instead of a model file, for a machine without it).
+//! (environment: `REPS`, tokens to time, default 40; best and median are printed;
+//! `SYNTHETIC=1` times random matrices of the reference model's weight types and shapes
+//! instead of a model file, for a machine without it).
 
-use kvq_codec::simd::{with_isa_limit, Isa};
 use kvq_model::gguf::{Gguf, TensorType};
 use kvq_model::matmul::QMatrix;
 use std::time::Instant;
@@ -30,11 +29,7 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     } else {
         model_weights()?
     };
-    let isa = match std::env::var("ISA").as_deref() {
-        Ok("avx2") => Isa::Avx2,
-        _ => Isa::Avx512,
-    };
-    with_isa_limit(isa, || time(&kinds, reps));
+    time(&kinds, reps);
     Ok(())
 }
 
