@@ -2,6 +2,7 @@
 
 use crate::simd::{self, RowFormat};
 use crate::{check_finite, Codec, CodecError};
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 /// Storage format of a [`FloatCodec`].
@@ -59,22 +60,34 @@ impl Codec for FloatCodec {
     }
     fn encode(&self, rows: &[f32], out: &mut [u8]) -> Result<(), CodecError> {
         check_finite(rows, self.head_dim)?;
-        for (i, &x) in rows.iter().enumerate() {
-            match self.format {
-                FloatFormat::F32 => out[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes()),
-                FloatFormat::F16 => {
-                    let h = f16::from_f32(x);
-                    if h.is_infinite() {
+        match self.format {
+            FloatFormat::F32 => {
+                for (o, x) in out.chunks_exact_mut(4).zip(rows) {
+                    o.copy_from_slice(&x.to_le_bytes());
+                }
+            }
+            FloatFormat::F16 => {
+                // A chunk at a time through `half`'s slice conversion (F16C where the CPU has
+                // it): a call per value was 2.3% of a 512-token prefill's samples.
+                let mut halves = [f16::ZERO; 64];
+                for (c, chunk) in rows.chunks(halves.len()).enumerate() {
+                    let halves = &mut halves[..chunk.len()];
+                    halves.convert_from_f32_slice(chunk);
+                    if let Some(j) = halves.iter().position(|h| h.is_infinite()) {
                         return Err(CodecError::NonFinite {
                             row: 0,
-                            channel: i,
-                            value: x,
+                            channel: 64 * c + j,
+                            value: chunk[j],
                         });
                     }
-                    out[2 * i..2 * i + 2].copy_from_slice(&h.to_le_bytes())
+                    for (o, h) in out[128 * c..].chunks_exact_mut(2).zip(halves.iter()) {
+                        o.copy_from_slice(&h.to_le_bytes());
+                    }
                 }
-                FloatFormat::Bf16 => {
-                    out[2 * i..2 * i + 2].copy_from_slice(&bf16::from_f32(x).to_le_bytes())
+            }
+            FloatFormat::Bf16 => {
+                for (o, x) in out.chunks_exact_mut(2).zip(rows) {
+                    o.copy_from_slice(&bf16::from_f32(*x).to_le_bytes());
                 }
             }
         }
@@ -92,5 +105,42 @@ impl Codec for FloatCodec {
     }
     fn row_format(&self) -> Option<RowFormat> {
         Some(self.format.row_format())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chunked conversion stores what `f16::from_f32` gives value by value (normals,
+    /// subnormals, values that round up to 65504 or under), and names the first value past
+    /// f16's range, in any chunk.
+    #[test]
+    fn f16_rows_match_the_scalar_conversion_and_overflow_is_named() {
+        let d = 200;
+        let codec = FloatCodec::new(FloatFormat::F16, d);
+        let rows: Vec<f32> = (0..d)
+            .map(|i| match i % 5 {
+                0 => (i as f32 * 0.37).sin() * 3.0,
+                1 => 1e-6 * i as f32,
+                2 => 65_519.0 - i as f32,
+                3 => -1e-8,
+                _ => 1.0 / (1 + i) as f32,
+            })
+            .collect();
+        let mut out = vec![0u8; codec.block_bytes()];
+        codec.encode(&rows, &mut out).unwrap();
+        for (i, x) in rows.iter().enumerate() {
+            assert_eq!(out[2 * i..2 * i + 2], f16::from_f32(*x).to_le_bytes(), "{i}: {x}");
+        }
+        let mut big = rows.clone();
+        big[130] = 70_000.0;
+        big[190] = -1e9;
+        match codec.encode(&big, &mut out) {
+            Err(CodecError::NonFinite { channel, value, .. }) => {
+                assert_eq!((channel, value), (130, 70_000.0));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
