@@ -131,7 +131,11 @@ mod tests {
         let mut out = vec![0u8; codec.block_bytes()];
         codec.encode(&rows, &mut out).unwrap();
         for (i, x) in rows.iter().enumerate() {
-            assert_eq!(out[2 * i..2 * i + 2], f16::from_f32(*x).to_le_bytes(), "{i}: {x}");
+            assert_eq!(
+                out[2 * i..2 * i + 2],
+                f16::from_f32(*x).to_le_bytes(),
+                "{i}: {x}"
+            );
         }
         let mut big = rows.clone();
         big[130] = 70_000.0;
