@@ -69,18 +69,19 @@ impl Codec for FloatCodec {
             FloatFormat::F16 => {
                 // A chunk at a time through `half`'s slice conversion (F16C where the CPU has
                 // it): a call per value was 2.3% of a 512-token prefill's samples.
-                let mut halves = [f16::ZERO; 64];
-                for (c, chunk) in rows.chunks(halves.len()).enumerate() {
+                const CHUNK: usize = 64;
+                let mut halves = [f16::ZERO; CHUNK];
+                for (c, chunk) in rows.chunks(CHUNK).enumerate() {
                     let halves = &mut halves[..chunk.len()];
                     halves.convert_from_f32_slice(chunk);
                     if let Some(j) = halves.iter().position(|h| h.is_infinite()) {
                         return Err(CodecError::NonFinite {
                             row: 0,
-                            channel: 64 * c + j,
+                            channel: CHUNK * c + j,
                             value: chunk[j],
                         });
                     }
-                    for (o, h) in out[128 * c..].chunks_exact_mut(2).zip(halves.iter()) {
+                    for (o, h) in out[2 * CHUNK * c..].chunks_exact_mut(2).zip(halves.iter()) {
                         o.copy_from_slice(&h.to_le_bytes());
                     }
                 }

@@ -74,32 +74,11 @@ fn model_weights() -> Result<Weights, Box<dyn std::error::Error + Send + Sync>> 
 }
 
 /// Random matrices of the reference model's types and shapes (18 layers; `ffn_down` all
-/// Q6_K), their f16 scales kept small so that no product overflows.
+/// Q6_K), their f16 scales kept small so that no product overflows ([`QMatrix::random`]).
 fn synthetic_weights() -> Weights {
-    use rand::{Rng, SeedableRng};
+    use rand::SeedableRng;
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-    let mut random = |dtype: TensorType, rows: usize, cols: usize| {
-        let mut data: Vec<u8> = (0..rows * dtype.row_bytes(cols))
-            .map(|_| rng.gen())
-            .collect();
-        let scale_offsets: &[usize] = match dtype {
-            TensorType::Q4K => &[0, 2],
-            TensorType::Q6K => &[208],
-            _ => &[0],
-        };
-        for block in data.chunks_exact_mut(dtype.block().1) {
-            for &o in scale_offsets {
-                let scale = half::f16::from_f32(rng.gen_range(-0.05..0.05));
-                block[o..o + 2].copy_from_slice(&scale.to_le_bytes());
-            }
-        }
-        QMatrix {
-            dtype,
-            rows,
-            cols,
-            data,
-        }
-    };
+    let mut random = |dtype, rows, cols| QMatrix::random(dtype, rows, cols, &mut rng);
     let shapes = [
         (TensorType::Q5_0, 1024, 640),
         (TensorType::Q5_0, 256, 640),

@@ -54,6 +54,33 @@ impl QMatrix {
         dequantize_row(self.dtype, self.row(r), out);
     }
 
+    /// A `rows × cols` matrix of random `dtype` blocks, for tests and benchmarks: random bytes
+    /// make valid blocks of every type once the f16 scales are tamed (to ±0.05).
+    pub fn random(dtype: TensorType, rows: usize, cols: usize, rng: &mut impl rand::Rng) -> Self {
+        let mut data: Vec<u8> = (0..rows * dtype.row_bytes(cols))
+            .map(|_| rng.gen())
+            .collect();
+        let (_, block_bytes) = dtype.block();
+        let scale_offsets: &[usize] = match dtype {
+            TensorType::Q8_0 | TensorType::Q5_0 | TensorType::Q4_0 => &[0],
+            TensorType::Q4K => &[0, 2],
+            TensorType::Q6K => &[208],
+            _ => &[],
+        };
+        for blk in data.chunks_exact_mut(block_bytes) {
+            for &o in scale_offsets {
+                let v = half::f16::from_f32(rng.gen_range(-0.05..0.05));
+                blk[o..o + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        QMatrix {
+            dtype,
+            rows,
+            cols,
+            data,
+        }
+    }
+
     /// `y = W·x` for one activation vector (`x.len() == cols`, `y.len() == rows`).
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
         let kernel = simd::row_kernel(self.dtype);
@@ -369,31 +396,13 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
-    /// Random bytes make valid blocks of every type once the f16 scales are tamed.
     fn random_matrix(dtype: TensorType, rows: usize, cols: usize, seed: u64) -> QMatrix {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut data: Vec<u8> = (0..rows * dtype.row_bytes(cols))
-            .map(|_| rng.gen())
-            .collect();
-        let (_, block_bytes) = dtype.block();
-        let scale_offsets: &[usize] = match dtype {
-            TensorType::Q8_0 | TensorType::Q5_0 | TensorType::Q4_0 => &[0],
-            TensorType::Q4K => &[0, 2],
-            TensorType::Q6K => &[208],
-            _ => &[],
-        };
-        for blk in data.chunks_exact_mut(block_bytes) {
-            for &o in scale_offsets {
-                let v = half::f16::from_f32(rng.gen_range(-0.05..0.05));
-                blk[o..o + 2].copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        QMatrix {
+        QMatrix::random(
             dtype,
             rows,
             cols,
-            data,
-        }
+            &mut rand::rngs::StdRng::seed_from_u64(seed),
+        )
     }
 
     fn reference_matvec(w: &QMatrix, x: &[f32]) -> Vec<f32> {
