@@ -6,9 +6,9 @@
 //! wraps a codec whose rows those kernels read in an [`Interleaved`] codec that stores
 //! [`INTERLEAVED_ROWS`] of its rows as one block, their bits permuted into the order the
 //! kernel of the role reads ([`Interleaving`]): keys for the scores, values for the sums (whole
-//! bytes, but for the bit planes of 2- and 3-bit codes). Keys in per-channel blocks (KIVI's,
-//! [`ChannelBlocks`]) keep their blocks and maps; their rows are interleaved 16 at a time for
-//! the score kernel. The rows' bits, their values and the kernels' results are those of the
+//! bytes, but for the bit planes of 2-bit codes and the planes or triplets of 3-bit ones,
+//! [`levels::Packing`]). Keys in per-channel blocks (KIVI's, [`ChannelBlocks`]) keep their
+//! blocks and maps; their rows are interleaved 16 at a time for the score kernel. The rows' bits, their values and the kernels' results are those of the
 //! wrapped codec; only their order in memory changes. Rows of one-row codecs are still
 //! encoded one at a time ([`Codec::encode_row`]), so a cache writes each token into its block
 //! as it comes.
@@ -37,6 +37,7 @@ pub fn interleave(codec: Box<dyn Codec>, role: Role) -> Box<dyn Codec> {
 /// [`interleave`]d (elsewhere they would read them through a copy in row order).
 pub fn read_in_place(codec: &dyn Codec, role: Role) -> bool {
     match Layout::of(codec, role) {
+        Some(Layout::Rows(runs)) if levels::available() => levels::takes_interleaved(&runs),
         Some(_) if levels::available() => true,
         Some(Layout::Rows(runs)) => avx2::takes(&runs),
         Some(Layout::ChannelBlocks(blocks)) => avx2::takes_channel_blocks(&blocks),
@@ -263,7 +264,9 @@ impl Codec for Interleaved {
         ahead: &mut Ahead,
     ) {
         match &self.layout {
-            Layout::Rows(runs) if levels::available() && runs[0].order == KernelOrder::Scores => {
+            Layout::Rows(runs)
+                if levels::takes_interleaved(runs) && runs[0].order == KernelOrder::Scores =>
+            {
                 levels::score_interleaved(runs, queries, blocks, scores, ahead);
             }
             Layout::Rows(runs) if avx2::takes(runs) && runs[0].order == KernelOrder::Scores => {
@@ -304,7 +307,9 @@ impl Codec for Interleaved {
         ahead: &mut Ahead,
     ) {
         match &self.layout {
-            Layout::Rows(runs) if levels::available() && runs[0].order == KernelOrder::Sums => {
+            Layout::Rows(runs)
+                if levels::takes_interleaved(runs) && runs[0].order == KernelOrder::Sums =>
+            {
                 levels::accumulate_interleaved(runs, weights, blocks, accs, ahead);
             }
             Layout::Rows(runs) if avx2::takes(runs) && runs[0].order == KernelOrder::Sums => {

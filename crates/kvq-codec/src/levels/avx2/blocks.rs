@@ -6,13 +6,15 @@
 //! across lanes:
 //!
 //! * Scores (keys, [`KernelOrder::Scores`]): a vector holds one 32-bit word of 8 rows (a
-//!   nibble word, or a bit plane of a group); each *cut* of it, 4 codes of each row one per
-//!   byte (the low or high nibbles, or a plane's bit pairs with their third bits), meets the
+//!   nibble word, a 2-bit plane of a group or a byte of its 3-bit triplets,
+//!   [`Packing::Triplets`]); each *cut* of it, 4 codes of each row one per byte (the low or
+//!   high nibbles, a plane's bit pairs, a triplet's codes), meets the
 //!   query's matching word broadcast in `vpmaddubsw`; the 16-bit sums add up over a group (8
 //!   cuts: `8·2·15·127 < 2¹⁵`) before `vpmaddwd` widens them, and each lane ends as one row's
 //!   score, finished and stored 8 rows at a time.
 //! * Sums (values, [`KernelOrder::Sums`]): a vector holds a byte of each of 8 channels of a
-//!   quad of rows (two channels' nibbles, or four channels' bit pairs and third bits); against
+//!   quad of rows (two channels' nibbles, four channels' bit pairs, or a byte of triplets'
+//!   two whole codes and bits of two more); against
 //!   the quad's 4 rounded weights broadcast, `vpmaddubsw` adds two rows' products per channel,
 //!   the 16-bit sums add up over 8 quads (4-bit codes) or a tile, and each head's float sums
 //!   of the call (in channel order) are added to its accumulator with the maps' constants at
@@ -23,24 +25,26 @@
 
 use super::{available, path, HEADS};
 use crate::levels::{
-    run_slots, ChannelBlocks, CodeLayout, Interleaving, KernelOrder, LevelFormat, GROUP,
+    run_slots, ChannelBlocks, CodeLayout, Interleaving, KernelOrder, LevelFormat, Packing, GROUP,
     INTERLEAVED_ROWS, MAP_WORDS, MAX_GROUPS, QUERY_MAP, TILE_ROWS,
 };
 use crate::simd::Ahead;
 use std::cell::RefCell;
 
 /// Whether these kernels read blocks of `runs` in place: [`available`], and every run's format
-/// has 4-bit codes or packed 2- or 3-bit codes, without a table or through one (whose levels
-/// are centered on 128).
+/// has 4-bit codes, packed 2-bit codes or packed 3-bit codes in triplets
+/// ([`Packing::Triplets`]), without a table or through one (whose levels are centered on 128).
 pub fn takes(runs: &[Interleaving]) -> bool {
-    let format_fits = |f: &LevelFormat| {
+    let run_fits = |r: &Interleaving| {
+        let f = &r.format;
         let codes = match f.codes {
-            CodeLayout::Packed { bits, .. } => (2..=4).contains(&bits),
+            CodeLayout::Packed { bits: 3, .. } => r.packing == Packing::Triplets,
+            CodeLayout::Packed { bits, .. } => bits == 2 || bits == 4,
             CodeLayout::Nibbles { high_at, .. } => high_at.is_none(),
         };
         f.supported() && path(f).is_some() && codes
     };
-    available() && !runs.is_empty() && runs.iter().all(|r| format_fits(&r.format))
+    available() && !runs.is_empty() && runs.iter().all(run_fits)
 }
 
 /// A thread's scratch: the score kernel's queries (per [`HEADS`] heads), the sums kernel's
@@ -477,42 +481,50 @@ mod kernels {
         out: [*mut f32; HEADS],
         ahead: &mut Ahead,
     ) {
+        // KIVI's 2- and 4-bit keys ([`super::takes_channel_blocks`]).
         match run.format.code_bits() {
             4 => score_tile_as::<false, false, 4, false, true>(run, q, tile, out, false, ahead),
-            3 => score_tile_as::<false, false, 3, false, true>(run, q, tile, out, false, ahead),
             _ => score_tile_as::<false, false, 2, false, true>(run, q, tile, out, false, ahead),
         }
     }
 
-    /// Bit `from` of each byte of `v` moved to bit `to`, the others 0.
+    /// Bits `2j` and `2j + 1` of each byte of `plane`: 4 codes of a 2-bit plane's cut, one
+    /// per byte.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn bit_to(v: __m256i, from: usize, to: usize) -> __m256i {
-        let moved = if from >= to {
-            _mm256_srl_epi16(v, _mm_cvtsi32_si128((from - to) as i32))
-        } else {
-            _mm256_sll_epi16(v, _mm_cvtsi32_si128((to - from) as i32))
-        };
-        _mm256_and_si256(moved, _mm256_set1_epi8(1 << to))
+    unsafe fn plane_codes(plane: __m256i, j: usize) -> __m256i {
+        let pairs = _mm256_srl_epi16(plane, _mm_cvtsi32_si128(2 * j as i32));
+        _mm256_and_si256(pairs, _mm256_set1_epi8(3))
     }
 
-    /// Bits `2j` and `2j + 1` of each byte of `low`, and for 3-bit codes bit `high_bit` of
-    /// each byte of `high` above them: 4 codes of a bit plane's cut, one per byte.
+    /// Cuts `2P` and `2P + 1` of 3-bit codes in triplets ([`super::Packing::Triplets`]),
+    /// `byte(u)` the vector of byte `u` of the triplets: for `P < 3` bits 0–2 and 4–6 of
+    /// byte `P` (a mask, a shift and a mask), for `P = 3` bits 3 and 7 of the three bytes
+    /// merged into bits 1–3 and 5–7 (three masks, two shifts, two ors), then cut apart.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn plane_codes<const BITS: usize>(
-        low: __m256i,
-        j: usize,
-        high: __m256i,
-        high_bit: usize,
-    ) -> __m256i {
-        let pairs = _mm256_srl_epi16(low, _mm_cvtsi32_si128(2 * j as i32));
-        let pairs = _mm256_and_si256(pairs, _mm256_set1_epi8(3));
-        if BITS == 3 {
-            _mm256_or_si256(pairs, bit_to(high, high_bit, 2))
+    unsafe fn triplet_cuts<const P: usize>(byte: impl Fn(usize) -> __m256i) -> [__m256i; 2] {
+        let mask = |x: __m256i, m: u8| _mm256_and_si256(x, _mm256_set1_epi8(m as i8));
+        let (whole, first) = if P < 3 {
+            (byte(P), 0)
         } else {
-            pairs
-        }
+            // Bit `2 − u` of the codes from byte `u`: bits 3 and 7 to 3 − u and 7 − u.
+            let second = mask(_mm256_srli_epi16::<1>(byte(1)), 0x44);
+            let third = mask(_mm256_srli_epi16::<2>(byte(2)), 0x22);
+            let merged = _mm256_or_si256(mask(byte(0), 0x88), _mm256_or_si256(second, third));
+            (merged, 1)
+        };
+        let low = if first == 0 {
+            mask(whole, 7)
+        } else {
+            mask(_mm256_srli_epi16::<1>(whole), 7)
+        };
+        let high = if first == 0 {
+            mask(_mm256_srli_epi16::<4>(whole), 7)
+        } else {
+            mask(_mm256_srli_epi16::<5>(whole), 7)
+        };
+        [low, high]
     }
 
     /// The map of each group of `format`'s channels, for the kernels' loops (a `div` per
@@ -624,16 +636,24 @@ mod kernels {
                             add(2 * j, low);
                             add(2 * j + 1, high);
                         }
+                    } else if BITS == 3 {
+                        let byte = |u: usize| word(3 * g + u);
+                        let [a, b] = triplet_cuts::<0>(byte);
+                        add(0, a);
+                        add(1, b);
+                        let [a, b] = triplet_cuts::<1>(byte);
+                        add(2, a);
+                        add(3, b);
+                        let [a, b] = triplet_cuts::<2>(byte);
+                        add(4, a);
+                        add(5, b);
+                        let [a, b] = triplet_cuts::<3>(byte);
+                        add(6, a);
+                        add(7, b);
                     } else {
-                        let planes: [__m256i; 3] = std::array::from_fn(|p| {
-                            if p < BITS {
-                                word(BITS * g + p)
-                            } else {
-                                _mm256_setzero_si256()
-                            }
-                        });
+                        let planes = [word(2 * g), word(2 * g + 1)];
                         for k in 0..8 {
-                            add(k, plane_codes::<BITS>(planes[k / 4], k % 4, planes[2], k));
+                            add(k, plane_codes(planes[k / 4], k % 4));
                         }
                     }
                     let wide = if TABLE {
@@ -723,8 +743,8 @@ mod kernels {
             ($table:literal, $signed:literal) => {
                 match format.code_bits() {
                     4 => sums.nibbles::<$table, $signed>(slots, ahead),
-                    3 => sums.planes::<3, $table, $signed>(slots, ahead),
-                    _ => sums.planes::<2, $table, $signed>(slots, ahead),
+                    3 => sums.triplets::<$table, $signed>(slots, ahead),
+                    _ => sums.planes::<$table, $signed>(slots, ahead),
                 }
             };
         }
@@ -897,12 +917,12 @@ mod kernels {
             }
         }
 
-        /// `BITS`-bit codes in bit planes: per 8 channels (a slice of 64, a half of its
-        /// bytes, a bit pair `j`) the whole tile's quads at once (`16·2·7·127 < 2¹⁵`).
-        /// Through a table (`TABLE`), the sums are 32-bit ([`add_levels`], `SIGNED` as there).
+        /// 2-bit codes in bit planes: per 8 channels (a slice of 64, a half of its bytes, a
+        /// bit pair `j`) the whole tile's quads at once (`16·2·3·127 < 2¹⁵`). Through a table
+        /// (`TABLE`), the sums are 32-bit ([`add_levels`], `SIGNED` as there).
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn planes<const BITS: usize, const TABLE: bool, const SIGNED: bool>(
+        unsafe fn planes<const TABLE: bool, const SIGNED: bool>(
             &self,
             slots: &mut [f32],
             ahead: &mut Ahead,
@@ -915,67 +935,107 @@ mod kernels {
                     for j in 0..4 {
                         ahead.rows(share);
                         let m = group_maps[(64 * s + 16 * j) / GROUP];
-                        let sums = match j {
-                            0 => self.pairs::<BITS, 0, TABLE, SIGNED>(s, half, m),
-                            1 => self.pairs::<BITS, 1, TABLE, SIGNED>(s, half, m),
-                            2 => self.pairs::<BITS, 2, TABLE, SIGNED>(s, half, m),
-                            _ => self.pairs::<BITS, 3, TABLE, SIGNED>(s, half, m),
-                        };
+                        let at = 128 * s + 32 * half;
+                        // Quad `q`'s plane 64 bytes after the other's.
+                        let sums = self.tile_sums::<TABLE, SIGNED, 1>(at, m, |pair, q| {
+                            let plane = _mm256_loadu_si256(pair.add(64 * q) as *const _);
+                            [plane_codes(plane, j)]
+                        });
                         let channel = 64 * s + 16 * j + 8 * half;
-                        self.scale_into::<TABLE>(&sums, m, slots, channel);
+                        self.scale_into::<TABLE>(&sums[0], m, slots, channel);
                     }
                 }
             }
         }
 
-        /// Each head's 16-bit sums over the tile of bit pair `J` of `BITS`-bit codes in bit
-        /// planes, in half `half` of slice `s`, against map `m`'s weights. Per pair of quads
-        /// and slice, `BITS` planes of 64 bytes: byte `4l + r` of plane `q` (quad `q` of the
-        /// pair) holds bits `2j, 2j + 1` of channel `64s + 16j + l` of its row `r`; of the
-        /// third plane, bit `4q + j` that channel's third bit.
+        /// 3-bit codes in triplets ([`Packing::Triplets`]): per slice of 64 channels and pair
+        /// of cuts (8 channels each) the whole tile's quads at once (`16·2·7·127 < 2¹⁵`);
+        /// through a table as [`Sums::planes`].
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn pairs<
-            const BITS: usize,
-            const J: usize,
-            const TABLE: bool,
-            const SIGNED: bool,
-        >(
+        unsafe fn triplets<const TABLE: bool, const SIGNED: bool>(
             &self,
-            s: usize,
-            half: usize,
+            slots: &mut [f32],
+            ahead: &mut Ahead,
+        ) {
+            let format = &self.run.format;
+            let (group_maps, slices) = (group_maps(format), format.width / 64);
+            let share = self.n.div_ceil(4 * slices);
+            for s in 0..slices {
+                for p in 0..4 {
+                    ahead.rows(share);
+                    // Cuts `2p` and `2p + 1`: channels `64s + 16p…64s + 16p + 15`.
+                    let m = group_maps[(64 * s + 16 * p) / GROUP];
+                    // Byte `u` of quad `q`'s triplets at `64u + 32q`.
+                    let byte = |pair: *const u8, q: usize| {
+                        move |u: usize| _mm256_loadu_si256(pair.add(64 * u + 32 * q) as *const _)
+                    };
+                    let at = 192 * s;
+                    let sums = match p {
+                        0 => self.tile_sums::<TABLE, SIGNED, 2>(at, m, |pair, q| {
+                            triplet_cuts::<0>(byte(pair, q))
+                        }),
+                        1 => self.tile_sums::<TABLE, SIGNED, 2>(at, m, |pair, q| {
+                            triplet_cuts::<1>(byte(pair, q))
+                        }),
+                        2 => self.tile_sums::<TABLE, SIGNED, 2>(at, m, |pair, q| {
+                            triplet_cuts::<2>(byte(pair, q))
+                        }),
+                        _ => self.tile_sums::<TABLE, SIGNED, 2>(at, m, |pair, q| {
+                            triplet_cuts::<3>(byte(pair, q))
+                        }),
+                    };
+                    for (i, sums) in sums.iter().enumerate() {
+                        let channel = 64 * s + 16 * p + 8 * i;
+                        self.scale_into::<TABLE>(sums, m, slots, channel);
+                    }
+                }
+            }
+        }
+
+        /// Each head's sums over the tile of `CUTS` vectors of codes per quad, which
+        /// `cut(pair, q)` makes for quad `q` of a pair from the pair's codes `at` bytes on.
+        /// Against map `m`'s weights; 16-bit sums of `vpmaddubsw`, or through a table (`TABLE`) 32-bit ones
+        /// ([`add_levels`], `SIGNED` as there).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn tile_sums<const TABLE: bool, const SIGNED: bool, const CUTS: usize>(
+            &self,
+            at: usize,
             m: usize,
-        ) -> [__m256i; HEADS] {
+            cut: impl Fn(*const u8, usize) -> [__m256i; CUTS],
+        ) -> [[__m256i; HEADS]; CUTS] {
             let table = table_of(&self.run.format);
             let (run, block_bytes) = (self.run, self.run.block_bytes());
-            let pair_bytes = 64 * BITS * run.format.width / 64;
-            let at = self
-                .tile
-                .as_ptr()
-                .add(run.codes_at + 64 * BITS * s + 32 * half);
-            let mut sums = [_mm256_setzero_si256(); HEADS];
-            for b in 0..self.n / INTERLEAVED_ROWS {
+            let pair_bytes = run.format.code_bits() as usize * run.format.width;
+            let at = self.tile.as_ptr().add(run.codes_at + at);
+            let weights = &self.quads[m];
+            let mut sums = [[_mm256_setzero_si256(); HEADS]; CUTS];
+            let mut add_block = |b: usize| {
                 for pair in 0..2 {
-                    let at = at.add(b * block_bytes + pair * pair_bytes);
-                    let high = if BITS == 3 {
-                        _mm256_loadu_si256(at.add(128) as *const _)
-                    } else {
-                        _mm256_setzero_si256()
-                    };
+                    let codes_of_pair = at.add(b * block_bytes + pair * pair_bytes);
                     for q in 0..2 {
-                        let low = _mm256_loadu_si256(at.add(64 * q) as *const _);
-                        let codes = plane_codes::<BITS>(low, J, high, 4 * q + J);
-                        let weights = &self.quads[m][4 * b + 2 * pair + q];
-                        if TABLE {
-                            let levels = _mm256_shuffle_epi8(table, codes);
-                            add_levels::<SIGNED>(&mut sums, levels, *weights);
-                        } else {
-                            for (sum, w) in sums.iter_mut().zip(weights) {
-                                *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(codes, *w));
+                        let weights = &weights[4 * b + 2 * pair + q];
+                        for (sums, codes) in sums.iter_mut().zip(cut(codes_of_pair, q)) {
+                            if TABLE {
+                                let levels = _mm256_shuffle_epi8(table, codes);
+                                add_levels::<SIGNED>(sums, levels, *weights);
+                            } else {
+                                for (sum, w) in sums.iter_mut().zip(weights) {
+                                    let products = _mm256_maddubs_epi16(codes, *w);
+                                    *sum = _mm256_add_epi16(*sum, products);
+                                }
                             }
                         }
                     }
                 }
+            };
+            // A whole tile's blocks in a loop of constant length, which unrolls.
+            let blocks = self.n / INTERLEAVED_ROWS;
+            if blocks == TILE_ROWS / INTERLEAVED_ROWS {
+                (0..TILE_ROWS / INTERLEAVED_ROWS).for_each(&mut add_block);
+            } else {
+                (0..blocks).for_each(&mut add_block);
             }
             sums
         }
