@@ -883,8 +883,8 @@ macro_rules! group_drivers {
     };
 }
 
-/// Two of the private `avx2` module's helpers that the model's weight kernels share (they require a CPU with
-/// AVX2, FMA and F16C, and inline into callers with those features).
+/// Two of the private `avx2` module's helpers that the model's weight kernels share (they
+/// require a CPU with AVX2, FMA and F16C, and inline into callers with those features).
 #[cfg(target_arch = "x86_64")]
 pub use avx2::{f16_at, hsum};
 
