@@ -8,10 +8,10 @@
 //! kernel of the role reads ([`Interleaving`]): keys for the scores, values for the sums (whole
 //! bytes, but for the bit planes of 2-bit codes and the planes or triplets of 3-bit ones,
 //! [`levels::Packing`]). Keys in per-channel blocks (KIVI's, [`ChannelBlocks`]) keep their
-//! blocks and maps; their rows are interleaved 16 at a time for the score kernel. The rows' bits, their values and the kernels' results are those of the
-//! wrapped codec; only their order in memory changes. Rows of one-row codecs are still
-//! encoded one at a time ([`Codec::encode_row`]), so a cache writes each token into its block
-//! as it comes.
+//! blocks and maps; their rows are interleaved 16 at a time for the score kernel. The rows'
+//! bits, their values and the kernels' results are those of the wrapped codec; only their
+//! order in memory changes. Rows of one-row codecs are still encoded one at a time
+//! ([`Codec::encode_row`]), so a cache writes each token into its block as it comes.
 
 use crate::levels::{
     self, avx2::blocks as avx2, ChannelBlocks, Interleaving, KernelOrder, INTERLEAVED_ROWS,

@@ -994,9 +994,9 @@ mod kernels {
         }
 
         /// Each head's sums over the tile of `CUTS` vectors of codes per quad, which
-        /// `cut(pair, q)` makes for quad `q` of a pair from the pair's codes `at` bytes on.
-        /// Against map `m`'s weights; 16-bit sums of `vpmaddubsw`, or through a table (`TABLE`) 32-bit ones
-        /// ([`add_levels`], `SIGNED` as there).
+        /// `cut(pair, q)` makes for quad `q` of a pair from the pair's codes `at` bytes on,
+        /// against map `m`'s weights: 16-bit sums of `vpmaddubsw`, or through a table
+        /// (`TABLE`) 32-bit ones ([`add_levels`], `SIGNED` as there).
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn tile_sums<const TABLE: bool, const SIGNED: bool, const CUTS: usize>(
