@@ -638,18 +638,14 @@ mod kernels {
                         }
                     } else if BITS == 3 {
                         let byte = |u: usize| word(3 * g + u);
-                        let [a, b] = triplet_cuts::<0>(byte);
-                        add(0, a);
-                        add(1, b);
-                        let [a, b] = triplet_cuts::<1>(byte);
-                        add(2, a);
-                        add(3, b);
-                        let [a, b] = triplet_cuts::<2>(byte);
-                        add(4, a);
-                        add(5, b);
-                        let [a, b] = triplet_cuts::<3>(byte);
-                        add(6, a);
-                        add(7, b);
+                        let mut add_pair = |p: usize, [a, b]: [__m256i; 2]| {
+                            add(2 * p, a);
+                            add(2 * p + 1, b);
+                        };
+                        add_pair(0, triplet_cuts::<0>(byte));
+                        add_pair(1, triplet_cuts::<1>(byte));
+                        add_pair(2, triplet_cuts::<2>(byte));
+                        add_pair(3, triplet_cuts::<3>(byte));
                     } else {
                         let planes = [word(2 * g), word(2 * g + 1)];
                         for k in 0..8 {
@@ -917,6 +913,34 @@ mod kernels {
             }
         }
 
+        /// Per slice of 64 channels, `passes` passes over the tile's quads: pass `p` sums
+        /// `CUTS` vectors of 8 channels each, from `64s + channel(p)` on (`sums(s, p, m)`,
+        /// `m` their map), and scales them into `slots`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn passes<const TABLE: bool, const CUTS: usize>(
+            &self,
+            passes: usize,
+            channel: impl Fn(usize) -> usize,
+            sums: impl Fn(usize, usize, usize) -> [[__m256i; HEADS]; CUTS],
+            slots: &mut [f32],
+            ahead: &mut Ahead,
+        ) {
+            let format = &self.run.format;
+            let (group_maps, slices) = (group_maps(format), format.width / 64);
+            let share = self.n.div_ceil(passes * slices);
+            for s in 0..slices {
+                for p in 0..passes {
+                    ahead.rows(share);
+                    let first = 64 * s + channel(p);
+                    let m = group_maps[first / GROUP];
+                    for (i, sums) in sums(s, p, m).iter().enumerate() {
+                        self.scale_into::<TABLE>(sums, m, slots, first + 8 * i);
+                    }
+                }
+            }
+        }
+
         /// 2-bit codes in bit planes: per 8 channels (a slice of 64, a half of its bytes, a
         /// bit pair `j`) the whole tile's quads at once (`16·2·3·127 < 2¹⁵`). Through a table
         /// (`TABLE`), the sums are 32-bit ([`add_levels`], `SIGNED` as there).
@@ -927,25 +951,16 @@ mod kernels {
             slots: &mut [f32],
             ahead: &mut Ahead,
         ) {
-            let format = &self.run.format;
-            let (group_maps, slices) = (group_maps(format), format.width / 64);
-            let share = self.n.div_ceil(4 * slices);
-            for s in 0..slices {
-                for half in 0..2 {
-                    for j in 0..4 {
-                        ahead.rows(share);
-                        let m = group_maps[(64 * s + 16 * j) / GROUP];
-                        let at = 128 * s + 32 * half;
-                        // Quad `q`'s plane 64 bytes after the other's.
-                        let sums = self.tile_sums::<TABLE, SIGNED, 1>(at, m, |pair, q| {
-                            let plane = _mm256_loadu_si256(pair.add(64 * q) as *const _);
-                            [plane_codes(plane, j)]
-                        });
-                        let channel = 64 * s + 16 * j + 8 * half;
-                        self.scale_into::<TABLE>(&sums[0], m, slots, channel);
-                    }
-                }
-            }
+            // Pass `p`: half `p / 4` of the slice's bytes, bit pair `p mod 4`.
+            let channel = |p: usize| 16 * (p % 4) + 8 * (p / 4);
+            let sums = |s: usize, p: usize, m: usize| {
+                // Quad `q`'s plane 64 bytes after the other's.
+                self.tile_sums::<TABLE, SIGNED, 1>(128 * s + 32 * (p / 4), m, |pair, q| {
+                    let plane = _mm256_loadu_si256(pair.add(64 * q) as *const _);
+                    [plane_codes(plane, p % 4)]
+                })
+            };
+            self.passes::<TABLE, 1>(8, channel, sums, slots, ahead);
         }
 
         /// 3-bit codes in triplets ([`Packing::Triplets`]): per slice of 64 channels and pair
@@ -958,39 +973,29 @@ mod kernels {
             slots: &mut [f32],
             ahead: &mut Ahead,
         ) {
-            let format = &self.run.format;
-            let (group_maps, slices) = (group_maps(format), format.width / 64);
-            let share = self.n.div_ceil(4 * slices);
-            for s in 0..slices {
-                for p in 0..4 {
-                    ahead.rows(share);
-                    // Cuts `2p` and `2p + 1`: channels `64s + 16p…64s + 16p + 15`.
-                    let m = group_maps[(64 * s + 16 * p) / GROUP];
-                    // Byte `u` of quad `q`'s triplets at `64u + 32q`.
-                    let byte = |pair: *const u8, q: usize| {
-                        move |u: usize| _mm256_loadu_si256(pair.add(64 * u + 32 * q) as *const _)
-                    };
-                    let at = 192 * s;
-                    let sums = match p {
-                        0 => self.tile_sums::<TABLE, SIGNED, 2>(at, m, |pair, q| {
-                            triplet_cuts::<0>(byte(pair, q))
-                        }),
-                        1 => self.tile_sums::<TABLE, SIGNED, 2>(at, m, |pair, q| {
-                            triplet_cuts::<1>(byte(pair, q))
-                        }),
-                        2 => self.tile_sums::<TABLE, SIGNED, 2>(at, m, |pair, q| {
-                            triplet_cuts::<2>(byte(pair, q))
-                        }),
-                        _ => self.tile_sums::<TABLE, SIGNED, 2>(at, m, |pair, q| {
-                            triplet_cuts::<3>(byte(pair, q))
-                        }),
-                    };
-                    for (i, sums) in sums.iter().enumerate() {
-                        let channel = 64 * s + 16 * p + 8 * i;
-                        self.scale_into::<TABLE>(sums, m, slots, channel);
-                    }
+            // Byte `u` of quad `q`'s triplets at `64u + 32q`.
+            let byte = |pair: *const u8, q: usize| {
+                move |u: usize| _mm256_loadu_si256(pair.add(64 * u + 32 * q) as *const _)
+            };
+            // Pass `p`: cuts `2p` and `2p + 1`, channels `16p…16p + 15` of the slice.
+            let sums = |s: usize, p: usize, m: usize| {
+                let at = 192 * s;
+                match p {
+                    0 => self.tile_sums::<TABLE, SIGNED, 2>(at, m, |pair, q| {
+                        triplet_cuts::<0>(byte(pair, q))
+                    }),
+                    1 => self.tile_sums::<TABLE, SIGNED, 2>(at, m, |pair, q| {
+                        triplet_cuts::<1>(byte(pair, q))
+                    }),
+                    2 => self.tile_sums::<TABLE, SIGNED, 2>(at, m, |pair, q| {
+                        triplet_cuts::<2>(byte(pair, q))
+                    }),
+                    _ => self.tile_sums::<TABLE, SIGNED, 2>(at, m, |pair, q| {
+                        triplet_cuts::<3>(byte(pair, q))
+                    }),
                 }
-            }
+            };
+            self.passes::<TABLE, 2>(4, |p| 16 * p, sums, slots, ahead);
         }
 
         /// Each head's sums over the tile of `CUTS` vectors of codes per quad, which
