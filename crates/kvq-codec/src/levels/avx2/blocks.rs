@@ -145,8 +145,8 @@ pub fn takes_channel_blocks(layout: &ChannelBlocks) -> bool {
 
 /// [`crate::levels::score_channel_blocks`] with these kernels: per block and four heads, the
 /// queries times the block's channel scales rounded to i8 per group (as the AVX-512 kernels
-/// round them), the rows scored under unit scales, and each head's bias `Σ_c q_c·(minimum_c +
-/// scale_c·center)` added. Prefetches `ahead` as it goes.
+/// round them), the rows scored under unit scales, each head's bias `Σ_c q_c·(minimum_c +
+/// scale_c·center)` added with the queries' terms. Prefetches `ahead` as it goes.
 pub fn score_channel_blocks(
     layout: &ChannelBlocks,
     queries: &[&[f32]],
@@ -170,7 +170,7 @@ pub fn score_channel_blocks(
             for (c, (q, chunk)) in prepared.iter_mut().zip(queries.chunks(HEADS)).enumerate() {
                 // SAFETY: `takes` checked the CPU; `maps` holds `width` pairs, each query
                 // `width` values.
-                let biases = unsafe { q.fill_block(&run.format, chunk, maps) };
+                unsafe { q.fill_block(&run.format, chunk, maps) };
                 for (i, tile) in rows.chunks(tile_bytes(&run)).enumerate() {
                     let first = b * layout.tokens + i * TILE_ROWS;
                     let n = tile.len() / run.block_bytes() * INTERLEAVED_ROWS;
@@ -183,11 +183,6 @@ pub fn score_channel_blocks(
                     // SAFETY: as above; the tile holds whole interleaved rows of a supported
                     // format, and each of `out` takes its `n` rows.
                     unsafe { kernels::score_unit_tile(&run, q, tile, out, ahead) };
-                }
-                for (s, bias) in scores[c * HEADS..].iter_mut().zip(biases) {
-                    s[b * layout.tokens..][..layout.tokens]
-                        .iter_mut()
-                        .for_each(|x| *x += bias);
                 }
             }
         }
@@ -325,15 +320,11 @@ mod kernels {
 
         /// Makes these the queries of up to [`HEADS`] heads for one block of KIVI's keys
         /// (`maps` its channels' `(scale, minimum)` f16 pairs) whose rows are `format`:
-        /// `q'_c = q_c·scale_c` rounded to i8 per group ([`scaled_groups`]); returns each
-        /// head's `Σ_c q_c·(minimum_c + scale_c·center)`.
+        /// `q'_c = q_c·scale_c` rounded to i8 per group ([`scaled_groups`]), and each head's
+        /// `Σ_c q_c·(minimum_c + scale_c·center)` added to its first group's constant term, so
+        /// that the score kernel adds it as it finishes the rows.
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn fill_block(
-            &mut self,
-            format: &LevelFormat,
-            queries: &[&[f32]],
-            maps: &[u8],
-        ) -> [f32; HEADS] {
+        pub unsafe fn fill_block(&mut self, format: &LevelFormat, queries: &[&[f32]], maps: &[u8]) {
             let (w, center) = (format.width, format.center());
             self.words.resize(HEADS * w / 4, _mm256_setzero_si256());
             self.words[queries.len() * w / 4..].fill(_mm256_setzero_si256());
@@ -368,7 +359,9 @@ mod kernels {
                     }
                 }
             }
-            bias.map(|b| crate::simd::avx2::hsum(b))
+            for (h, b) in bias.into_iter().enumerate() {
+                self.terms[0][1][h] += crate::simd::avx2::hsum(b);
+            }
         }
     }
 
