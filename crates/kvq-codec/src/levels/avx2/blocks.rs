@@ -498,26 +498,18 @@ mod kernels {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn triplet_cuts<const P: usize>(byte: impl Fn(usize) -> __m256i) -> [__m256i; 2] {
         let mask = |x: __m256i, m: u8| _mm256_and_si256(x, _mm256_set1_epi8(m as i8));
-        let (whole, first) = if P < 3 {
+        let down = |x: __m256i, bits: i32| _mm256_srl_epi16(x, _mm_cvtsi32_si128(bits));
+        // The two codes at bits `low…low + 2` and `low + 4…low + 6` of `whole`.
+        let (whole, low) = if P < 3 {
             (byte(P), 0)
         } else {
             // Bit `2 − u` of the codes from byte `u`: bits 3 and 7 to 3 − u and 7 − u.
-            let second = mask(_mm256_srli_epi16::<1>(byte(1)), 0x44);
-            let third = mask(_mm256_srli_epi16::<2>(byte(2)), 0x22);
+            let second = mask(down(byte(1), 1), 0x44);
+            let third = mask(down(byte(2), 2), 0x22);
             let merged = _mm256_or_si256(mask(byte(0), 0x88), _mm256_or_si256(second, third));
             (merged, 1)
         };
-        let low = if first == 0 {
-            mask(whole, 7)
-        } else {
-            mask(_mm256_srli_epi16::<1>(whole), 7)
-        };
-        let high = if first == 0 {
-            mask(_mm256_srli_epi16::<4>(whole), 7)
-        } else {
-            mask(_mm256_srli_epi16::<5>(whole), 7)
-        };
-        [low, high]
+        [mask(down(whole, low), 7), mask(down(whole, low + 4), 7)]
     }
 
     /// The map of each group of `format`'s channels, for the kernels' loops (a `div` per
