@@ -37,10 +37,11 @@ pub fn interleave(codec: Box<dyn Codec>, role: Role) -> Box<dyn Codec> {
 /// [`interleave`]d (elsewhere they would read them through a copy in row order).
 pub fn read_in_place(codec: &dyn Codec, role: Role) -> bool {
     match Layout::of(codec, role) {
-        Some(Layout::Rows(runs)) if levels::available() => levels::takes_interleaved(&runs),
-        Some(_) if levels::available() => true,
-        Some(Layout::Rows(runs)) => avx2::takes(&runs),
-        Some(Layout::ChannelBlocks(blocks)) => avx2::takes_channel_blocks(&blocks),
+        // As the kernels dispatch: the AVX-512 ones where they run, else the AVX2 ones.
+        Some(Layout::Rows(runs)) => levels::takes_interleaved(&runs) || avx2::takes(&runs),
+        Some(Layout::ChannelBlocks(blocks)) => {
+            levels::available() || avx2::takes_channel_blocks(&blocks)
+        }
         None => false,
     }
 }
