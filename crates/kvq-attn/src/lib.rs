@@ -7,7 +7,9 @@
 //! ([`RowSpan::joined`]); the kernels prefetch the bytes a few KiB ahead into L2, a share at a
 //! time, while they compute. The softmax exponentials run in a vector kernel.
 //! Work is split over (query, KV head, run of context) items on rayon's pool; each item keeps
-//! an online-softmax state, and states of the same query and head are merged at the end.
+//! an online-softmax state, and the states of a query and KV head merge pairwise as their
+//! items finish (rayon's reduce, a tree: one thread merging them all after the last item made
+//! the 3- and 4-bit caches' attention 8–12% slower at 16 threads).
 //!
 //! Grouped-query attention is handled by scoring every query head of a group against the same
 //! KV head. Causality and sliding windows are masks on positions.
@@ -76,9 +78,8 @@ impl Partial {
     }
 }
 
-/// One unit of parallel work: a query token, a KV head, and a run of spans.
+/// One unit of parallel work: a KV head and a run of spans (for one query token).
 struct Item {
-    query: usize,
     kv_head: usize,
     spans: std::ops::Range<usize>,
 }
@@ -129,27 +130,14 @@ pub fn attend(
 
     // Split the context into runs of spans so that there are enough items for every thread.
     let threads = rayon::current_num_threads();
+    // Four runs per thread: finer runs were slower at 16 threads (bench/results/session27/).
     let items_wanted = 4 * threads;
-    let base_items = n * view.kv_heads;
+    let groups = n * view.kv_heads;
     let splits = items_wanted
-        .div_ceil(base_items)
+        .div_ceil(groups)
         .clamp(1, view.spans.len().max(1));
     let per_split = view.spans.len().div_ceil(splits).max(1);
-    let mut items = Vec::with_capacity(base_items * splits);
-    for query in 0..n {
-        for kv_head in 0..view.kv_heads {
-            let mut start = 0;
-            while start < view.spans.len() {
-                let end = (start + per_split).min(view.spans.len());
-                items.push(Item {
-                    query,
-                    kv_head,
-                    spans: start..end,
-                });
-                start = end;
-            }
-        }
-    }
+    let runs = view.spans.len().div_ceil(per_split).max(1);
 
     // Every query head scaled, and prepared for the key codec (rotated, for example), once
     // for all the items that read it: a share of the heads per thread, so that a rotation is
@@ -163,34 +151,36 @@ pub fn attend(
         .zip(scaled.par_chunks(share * d))
         .for_each(|(p, q)| view.k_codec.prepare_queries(q, p));
 
-    let partials: Vec<(usize, usize, Vec<Partial>)> = items
-        .par_iter()
-        .map(|item| {
-            let first_head = item.query * params.q_heads + item.kv_head * group;
+    // Each group's runs in parallel, their softmax states merged pairwise as they finish (a
+    // tree, not one thread merging every item's states after all of them).
+    let states: Vec<Partial> = (0..groups)
+        .into_par_iter()
+        .flat_map_iter(|g| {
+            let (query, kv_head) = (g / view.kv_heads, g % view.kv_heads);
+            let first_head = query * params.q_heads + kv_head * group;
             let heads = Heads {
                 scaled: &scaled[first_head * d..][..group * d],
                 prepared: &prepared[first_head * qlen..][..group * qlen],
             };
-            let states = attend_run(view, heads, positions[item.query], item, params);
-            (item.query, item.kv_head, states)
+            (0..runs)
+                .into_par_iter()
+                .map(|r| {
+                    let item = Item {
+                        kv_head,
+                        spans: r * per_split..((r + 1) * per_split).min(view.spans.len()),
+                    };
+                    attend_run(view, heads, positions[query], &item, params)
+                })
+                .reduce_with(|mut states, others| {
+                    for (state, other) in states.iter_mut().zip(others) {
+                        state.merge(other);
+                    }
+                    states
+                })
+                .expect("every group has at least one run")
         })
         .collect();
-
-    let mut merged: Vec<Option<Partial>> = (0..n * params.q_heads).map(|_| None).collect();
-    for (query, kv_head, states) in partials {
-        for (g, state) in states.into_iter().enumerate() {
-            let slot = &mut merged[query * params.q_heads + kv_head * group + g];
-            match slot {
-                Some(acc) => acc.merge(state),
-                None => *slot = Some(state),
-            }
-        }
-    }
     // Finishing can rotate back (TurboQuant): a share of the heads per task, as above.
-    let states: Vec<Partial> = merged
-        .into_iter()
-        .map(|slot| slot.expect("every query head has at least one item"))
-        .collect();
     states
         .par_chunks(share)
         .zip(out.par_chunks_mut(share * d))

@@ -143,10 +143,19 @@ fn check_keys(
     // Run once on the float kernels and once on the integer ones (where the CPU has them),
     // never concurrently with another test's switch.
     let _serial = KERNELS.lock().unwrap_or_else(|e| e.into_inner());
-    for integer in [false, true] {
+    // Pools of 1, 2 and 7 threads split the context into 1 to 28 runs per KV head, whose
+    // softmax states merge in a different order each time.
+    for (integer, threads) in [false, true]
+        .into_iter()
+        .flat_map(|i| [(i, 1), (i, 2), (i, 7)])
+    {
         kvq_codec::levels::set_enabled(integer);
         let mut out = vec![0f32; q.len()];
-        attend(&view, &q, &positions, &params, &mut out);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| attend(&view, &q, &positions, &params, &mut out));
         // The integer kernels round queries and weights to i8 (kvq_codec::levels, where the
         // bounds are checked exactly). Here scores move by up to ~0.01 and a weight by up to
         // 1/254 of its tile's largest (tiles of 64 rows: attention joins pages that follow
@@ -163,7 +172,7 @@ fn check_keys(
         for (i, (a, b)) in out.iter().zip(&want).enumerate() {
             assert!(
                 (a - b).abs() < tolerance,
-                "{spec} window {window:?} ctx {ctx} queries {queries} integer {integer}: element {i}: {a} vs {b}"
+                "{spec} window {window:?} ctx {ctx} queries {queries} integer {integer} threads {threads}: element {i}: {a} vs {b}"
             );
         }
     }
