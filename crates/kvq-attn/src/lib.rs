@@ -6,10 +6,10 @@
 //! the size of the cache. Pages that follow each other in the pool are read as one run
 //! ([`RowSpan::joined`]); the kernels prefetch the bytes a few KiB ahead into L2, a share at a
 //! time, while they compute. The softmax exponentials run in a vector kernel.
-//! Work is split over (query, KV head, run of context) items on rayon's pool; each item keeps
-//! an online-softmax state, and the states of a query and KV head merge pairwise as their
-//! items finish (rayon's reduce, a tree: one thread merging them all after the last item made
-//! the 3- and 4-bit caches' attention 8–12% slower at 16 threads).
+//! Work is split over (query, KV head, run of context) items on rayon's pool, in one parallel
+//! region: each item keeps an online-softmax state, and the states of a query and KV head
+//! merge pairwise as their items finish (rayon's reduce, a tree: one thread merging them all
+//! after the last item made the 3- and 4-bit caches' attention 8–12% slower at 16 threads).
 //!
 //! Grouped-query attention is handled by scoring every query head of a group against the same
 //! KV head. Causality and sliding windows are masks on positions.
@@ -139,30 +139,24 @@ pub fn attend(
     let per_split = view.spans.len().div_ceil(splits).max(1);
     let runs = view.spans.len().div_ceil(per_split).max(1);
 
-    // Every query head scaled, and prepared for the key codec (rotated, for example), once
-    // for all the items that read it: a share of the heads per thread, so that a rotation is
-    // read once per share rather than once per head.
+    // One task per group (a query token and a KV head, whose query heads lie together in
+    // `queries` and `out`): its heads prepared for the key codec (rotated, for example), its
+    // runs of context in parallel, their softmax states merged pairwise as they finish (a
+    // tree), and the merged states finished into its heads' outputs.
     let qlen = view.k_codec.query_len();
-    let scaled: Vec<f32> = queries.iter().map(|x| x * params.scale).collect();
-    let mut prepared = vec![0f32; scaled.len() / d * qlen];
-    let share = (n * params.q_heads).div_ceil(threads).max(1);
-    prepared
-        .par_chunks_mut(share * qlen)
-        .zip(scaled.par_chunks(share * d))
-        .for_each(|(p, q)| view.k_codec.prepare_queries(q, p));
-
-    // Each group's runs in parallel, their softmax states merged pairwise as they finish (a
-    // tree, not one thread merging every item's states after all of them).
-    let states: Vec<Partial> = (0..groups)
-        .into_par_iter()
-        .flat_map_iter(|g| {
+    out.par_chunks_mut(group * d)
+        .zip(queries.par_chunks(group * d))
+        .enumerate()
+        .for_each(|(g, (out, queries))| {
             let (query, kv_head) = (g / view.kv_heads, g % view.kv_heads);
-            let first_head = query * params.q_heads + kv_head * group;
+            let scaled: Vec<f32> = queries.iter().map(|x| x * params.scale).collect();
+            let mut prepared = vec![0f32; group * qlen];
+            view.k_codec.prepare_queries(&scaled, &mut prepared);
             let heads = Heads {
-                scaled: &scaled[first_head * d..][..group * d],
-                prepared: &prepared[first_head * qlen..][..group * qlen],
+                scaled: &scaled,
+                prepared: &prepared,
             };
-            (0..runs)
+            let states = (0..runs)
                 .into_par_iter()
                 .map(|r| {
                     let item = Item {
@@ -177,28 +171,28 @@ pub fn attend(
                     }
                     states
                 })
-                .expect("every group has at least one run")
-        })
-        .collect();
-    // Finishing can rotate back (TurboQuant): a share of the heads per task, as above.
-    states
-        .par_chunks(share)
-        .zip(out.par_chunks_mut(share * d))
-        .for_each(|(states, out)| {
-            let accs: Vec<&[f32]> = states.iter().map(|s| s.acc_codec.as_slice()).collect();
-            let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(d).collect();
-            view.v_codec.finish_group(&accs, &mut outs);
-            for (state, o) in states.iter().zip(outs) {
-                let inv = if state.sum > 0.0 {
-                    1.0 / state.sum
-                } else {
-                    0.0
-                };
-                for (x, f) in o.iter_mut().zip(&state.acc_full) {
-                    *x = (*x + f) * inv;
-                }
-            }
+                .expect("every group has at least one run");
+            finish(view, &states, out);
         });
+}
+
+/// Writes each of `states`' outputs (one query head each) to its `head_dim` values of `out`:
+/// the compressed rows' accumulator finished by the value codec (rotated back, for
+/// TurboQuant), plus the full-precision rows', divided by the softmax sum.
+fn finish(view: &LayerView, states: &[Partial], out: &mut [f32]) {
+    let accs: Vec<&[f32]> = states.iter().map(|s| s.acc_codec.as_slice()).collect();
+    let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(view.head_dim).collect();
+    view.v_codec.finish_group(&accs, &mut outs);
+    for (state, o) in states.iter().zip(outs) {
+        let inv = if state.sum > 0.0 {
+            1.0 / state.sum
+        } else {
+            0.0
+        };
+        for (x, f) in o.iter_mut().zip(&state.acc_full) {
+            *x = (*x + f) * inv;
+        }
+    }
 }
 
 /// The query heads of one group: scaled by the softmax factor (for full-precision spans), and
