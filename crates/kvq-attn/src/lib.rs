@@ -128,21 +128,18 @@ pub fn attend(
     );
     assert_eq!(out.len(), queries.len());
 
-    // Split the context into runs of spans so that there are enough items for every thread.
-    let threads = rayon::current_num_threads();
-    // Four runs per thread: finer runs were slower at 16 threads (bench/results/session27/).
-    let items_wanted = 4 * threads;
+    // Each group's context (a query token's and a KV head's) split into runs of spans, about
+    // four runs per thread over all groups: finer runs were slower at 16 threads
+    // (bench/results/session27/).
     let groups = n * view.kv_heads;
-    let splits = items_wanted
-        .div_ceil(groups)
-        .clamp(1, view.spans.len().max(1));
-    let per_split = view.spans.len().div_ceil(splits).max(1);
-    let runs = view.spans.len().div_ceil(per_split).max(1);
+    let runs_wanted = (4 * rayon::current_num_threads()).div_ceil(groups.max(1));
+    let spans_per_run = view.spans.len().div_ceil(runs_wanted).max(1);
+    let runs = view.spans.len().div_ceil(spans_per_run).max(1);
 
-    // One task per group (a query token and a KV head, whose query heads lie together in
-    // `queries` and `out`): its heads prepared for the key codec (rotated, for example), its
-    // runs of context in parallel, their softmax states merged pairwise as they finish (a
-    // tree), and the merged states finished into its heads' outputs.
+    // One task per group (its query heads lie together in `queries` and `out`): its heads
+    // prepared for the key codec (rotated, for example), its runs in parallel, their softmax
+    // states merged pairwise as they finish (a tree), and the merged states finished into its
+    // heads' outputs.
     let qlen = view.k_codec.query_len();
     out.par_chunks_mut(group * d)
         .zip(queries.par_chunks(group * d))
@@ -161,7 +158,7 @@ pub fn attend(
                 .map(|r| {
                     let item = Item {
                         kv_head,
-                        spans: r * per_split..((r + 1) * per_split).min(view.spans.len()),
+                        spans: r * spans_per_run..((r + 1) * spans_per_run).min(view.spans.len()),
                     };
                     attend_run(view, heads, positions[query], &item, params)
                 })
