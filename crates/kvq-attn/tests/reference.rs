@@ -143,8 +143,9 @@ fn check_keys(
     // Run once on the float kernels and once on the integer ones (where the CPU has them),
     // never concurrently with another test's switch.
     let _serial = KERNELS.lock().unwrap_or_else(|e| e.into_inner());
-    // Pools of 1, 2 and 7 threads split the context into 1 to 28 runs per KV head, whose
-    // softmax states merge in a different order each time.
+    // Pools of 1, 2 and 7 threads split each KV head's context into different numbers of runs
+    // (up to 10 here for one query; one per query for the long prefills), whose softmax states
+    // merge in a different order each time.
     for (integer, threads) in [false, true]
         .into_iter()
         .flat_map(|i| [(i, 1), (i, 2), (i, 7)])
