@@ -121,6 +121,12 @@ pub fn attend(
     let d = view.head_dim;
     let n = positions.len();
     let group = params.q_heads / view.kv_heads;
+    assert!(
+        group > 0 && group * view.kv_heads == params.q_heads,
+        "q_heads ({}) must be a multiple of the view's kv_heads ({})",
+        params.q_heads,
+        view.kv_heads
+    );
     assert_eq!(
         queries.len(),
         n * params.q_heads * d,
