@@ -23,6 +23,10 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "kvq", version, about, long_about = None)]
 struct Cli {
+    /// CPU threads for the parallel work (matrix products, attention, cache filling); by
+    /// default one per core, or RAYON_NUM_THREADS where it is set
+    #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    threads: Option<u16>,
     #[command(subcommand)]
     command: Command,
 }
@@ -65,6 +69,16 @@ fn main() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
+    if let Some(threads) = cli.threads {
+        // Before any parallel work: the global pool is built once, on first use.
+        if let Err(e) = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.into())
+            .build_global()
+        {
+            eprintln!("error: --threads {threads}: {e}");
+            std::process::exit(1);
+        }
+    }
     // Run the command on a worker of rayon's global pool: the parallel loops of every matrix
     // product and attention call (about 150 per decoded token) then start from inside the pool,
     // and the worker that runs the command takes part in them.
