@@ -22,9 +22,12 @@ pub fn pages_per_sequence(
         None => global,
         // Live positions span at most window − 1 old tokens plus one appended run; pages are
         // aligned, so that span touches at most one page more than its length needs.
-        Some(window) => {
-            global.min((window - 1 + options.max_append_tokens).div_ceil(options.page_tokens) + 1)
-        }
+        Some(window) => global.min(
+            (window - 1)
+                .saturating_add(options.max_append_tokens)
+                .div_ceil(options.page_tokens)
+                + 1,
+        ),
     }
 }
 
@@ -77,7 +80,8 @@ fn sizing_codec(
     )?)
 }
 
-/// Computes the memory of `batch` sequences of `ctx` tokens under `policy`.
+/// Computes the memory of `batch` sequences of `ctx` tokens under `policy`. A context or batch
+/// of 0, a sliding window of 0 tokens, or a size beyond `usize` is an error.
 pub fn plan(
     shapes: &[LayerShape],
     policy: &Policy,
@@ -85,6 +89,22 @@ pub fn plan(
     ctx: usize,
     batch: usize,
 ) -> Result<MemoryReport, CacheError> {
+    if ctx == 0 || batch == 0 {
+        return Err(CacheError::Config(format!(
+            "a cache of {batch} × {ctx} tokens: the batch and the context must be at least 1"
+        )));
+    }
+    let overflow = || {
+        CacheError::Config(format!(
+            "a cache of {batch} × {ctx} tokens: its byte count overflows"
+        ))
+    };
+    let product = |factors: &[usize]| {
+        factors
+            .iter()
+            .try_fold(1usize, |p, &f| p.checked_mul(f))
+            .ok_or_else(overflow)
+    };
     let mut report = MemoryReport {
         bytes: 0,
         bits_per_element: 0.0,
@@ -94,6 +114,11 @@ pub fn plan(
         layer_bytes: Vec::with_capacity(shapes.len()),
     };
     for (l, shape) in shapes.iter().enumerate() {
+        if shape.window == Some(0) {
+            return Err(CacheError::Config(format!(
+                "layer {l}: a sliding window must hold at least 1 token"
+            )));
+        }
         let schemes = policy
             .layers
             .get(l)
@@ -103,20 +128,39 @@ pub fn plan(
         let flush = lcm(write_tokens(k.as_ref()), write_tokens(v.as_ref()));
         let per_page = |c: &dyn Codec| options.page_tokens / c.block_tokens() * c.block_bytes();
         let page_bytes = shape.kv_heads * (per_page(k.as_ref()) + per_page(v.as_ref()));
-        let pages = batch * pages_per_sequence(shape, flush, options, ctx);
+        let pages = pages_per_sequence(shape, flush, options, ctx);
         let full_bytes_per_row = match full_row_format(schemes.k, schemes.v) {
             FloatFormat::F32 => 4,
             FloatFormat::F16 | FloatFormat::Bf16 => 2,
         };
         let rows = options.sink_tokens + options.hot_window + flush;
-        let full = batch * 2 * shape.kv_heads * rows * shape.head_dim * full_bytes_per_row;
         let held = shape.window.map_or(ctx, |w| w.min(ctx));
-        report.page_bytes += pages * page_bytes;
-        report.full_row_bytes += full;
-        report.layer_bytes.push(pages * page_bytes + full);
-        report.elements += batch * held * 2 * shape.kv_heads * shape.head_dim;
+        let layer_pages = product(&[batch, pages, page_bytes])?;
+        let full = product(&[
+            batch,
+            2,
+            shape.kv_heads,
+            rows,
+            shape.head_dim,
+            full_bytes_per_row,
+        ])?;
+        let layer = layer_pages.checked_add(full).ok_or_else(overflow)?;
+        let elements = product(&[batch, held, 2, shape.kv_heads, shape.head_dim])?;
+        report.page_bytes = report
+            .page_bytes
+            .checked_add(layer_pages)
+            .ok_or_else(overflow)?;
+        report.full_row_bytes = report
+            .full_row_bytes
+            .checked_add(full)
+            .ok_or_else(overflow)?;
+        report.elements = report.elements.checked_add(elements).ok_or_else(overflow)?;
+        report.layer_bytes.push(layer);
     }
-    report.bytes = report.page_bytes + report.full_row_bytes;
+    report.bytes = report
+        .page_bytes
+        .checked_add(report.full_row_bytes)
+        .ok_or_else(overflow)?;
     report.bits_per_element = 8.0 * report.bytes as f64 / report.elements.max(1) as f64;
     Ok(report)
 }

@@ -101,6 +101,34 @@ fn allocated_bytes_equal_the_memory_plan() {
 }
 
 #[test]
+fn impossible_plans_are_errors_not_wrapped_numbers() {
+    let policy = Policy::uniform(KvSpec::parse("q4_0").unwrap(), 2);
+    let options = CacheOptions::default();
+    let plan =
+        |shapes: &[LayerShape], ctx, batch| memory::plan(shapes, &policy, &options, ctx, batch);
+    let err = |r: Result<memory::MemoryReport, CacheError>| r.unwrap_err().to_string();
+    assert!(err(plan(&shapes(), 0, 1)).contains("at least 1"));
+    assert!(err(plan(&shapes(), 100, 0)).contains("at least 1"));
+    // Sized without weights, a model of huge shape overflows usize rather than wrapping.
+    let huge = vec![
+        LayerShape {
+            kv_heads: 1 << 20,
+            head_dim: 1 << 12,
+            window: None,
+        };
+        2
+    ];
+    assert!(err(plan(&huge, 1 << 40, 1 << 10)).contains("overflows"));
+    assert!(err(plan(&shapes(), usize::MAX, 1)).contains("overflows"));
+    let mut zero_window = shapes();
+    zero_window[0].window = Some(0);
+    assert!(err(plan(&zero_window, 100, 1)).contains("sliding window"));
+    // The largest plans that fit are still exact: twice the batch, twice the bytes.
+    let one = plan(&shapes(), 1 << 20, 1).unwrap().bytes;
+    assert_eq!(plan(&shapes(), 1 << 20, 2).unwrap().bytes, 2 * one);
+}
+
+#[test]
 fn f32_storage_returns_every_row_exactly_with_sinks_and_hot_window() {
     let options = CacheOptions {
         page_tokens: 8,

@@ -184,6 +184,9 @@ fn attention(a: AttentionArgs) -> Result<()> {
     if a.iters == 0 {
         bail!("--iters must be at least 1");
     }
+    if a.ctx.contains(&0) {
+        bail!("--ctx values must be at least 1 (attention needs a cached token)");
+    }
     let specs: Vec<KvSpec> =
         a.kv.split(',')
             .map(|s| KvSpec::parse(&s.replace(';', ",")))
@@ -310,6 +313,9 @@ fn attention(a: AttentionArgs) -> Result<()> {
 }
 
 fn decode(a: DecodeArgs) -> Result<()> {
+    if a.tokens == 0 {
+        bail!("--tokens must be at least 1");
+    }
     let (model, _) = a.model.load()?;
     let c = &model.config;
     let policy = a.cache.policy(c.layers)?;

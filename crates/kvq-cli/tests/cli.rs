@@ -1,4 +1,4 @@
-//! `kvq --threads N` sizes the CPU pool every subcommand runs on.
+//! The kvq binary's options and its errors on arguments it cannot honour.
 
 use std::process::Command;
 
@@ -43,4 +43,35 @@ fn zero_threads_is_an_error() {
     let (ok, _, stderr) = kvq(&["--threads", "0", "codecs"]);
     assert!(!ok);
     assert!(stderr.contains("--threads"), "{stderr}");
+}
+
+#[test]
+fn impossible_sizes_are_errors_not_wrapped_numbers() {
+    let shape = [
+        "--layers",
+        "32",
+        "--kv-heads",
+        "8",
+        "--head-dim",
+        "128",
+        "--kv",
+        "q4_0",
+    ];
+    for (extra, message) in [
+        (["--ctx", "18446744073709551615"], "overflows"),
+        (["--batch", "0"], "at least 1"),
+        (["--ctx", "0"], "at least 1"),
+    ] {
+        let args: Vec<&str> = ["memory"]
+            .iter()
+            .chain(&shape)
+            .chain(&extra)
+            .copied()
+            .collect();
+        let (ok, stdout, stderr) = kvq(&args);
+        assert!(!ok && stdout.is_empty(), "{args:?}: {stdout}");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+    let (ok, _, stderr) = kvq(&["bench", "attention", "--ctx", "0", "--iters", "1"]);
+    assert!(!ok && stderr.contains("--ctx"), "{stderr}");
 }
