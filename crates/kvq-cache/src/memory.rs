@@ -80,8 +80,9 @@ fn sizing_codec(
     )?)
 }
 
-/// Computes the memory of `batch` sequences of `ctx` tokens under `policy`. A context or batch
-/// of 0, a sliding window of 0 tokens, or a size beyond `usize` is an error.
+/// Computes the memory of `batch` sequences of `ctx` tokens under `policy`. A context, batch,
+/// layer count, KV head count, head size or sliding window of 0, or a size beyond `usize`, is
+/// an error.
 pub fn plan(
     shapes: &[LayerShape],
     policy: &Policy,
@@ -93,6 +94,11 @@ pub fn plan(
         return Err(CacheError::Config(format!(
             "a cache of {batch} × {ctx} tokens: the batch and the context must be at least 1"
         )));
+    }
+    if shapes.is_empty() {
+        return Err(CacheError::Config(
+            "a cache needs at least one layer".into(),
+        ));
     }
     let overflow = || {
         CacheError::Config(format!(
@@ -114,9 +120,11 @@ pub fn plan(
         layer_bytes: Vec::with_capacity(shapes.len()),
     };
     for (l, shape) in shapes.iter().enumerate() {
-        if shape.window == Some(0) {
+        if shape.window == Some(0) || shape.kv_heads == 0 || shape.head_dim == 0 {
             return Err(CacheError::Config(format!(
-                "layer {l}: a sliding window must hold at least 1 token"
+                "layer {l}: KV heads, head size and any sliding window must be at least 1 \
+                 ({} heads of {} elements, window {:?})",
+                shape.kv_heads, shape.head_dim, shape.window
             )));
         }
         let schemes = policy

@@ -123,6 +123,10 @@ fn impossible_plans_are_errors_not_wrapped_numbers() {
     let mut zero_window = shapes();
     zero_window[0].window = Some(0);
     assert!(err(plan(&zero_window, 100, 1)).contains("sliding window"));
+    let mut zero_heads = shapes();
+    zero_heads[1].kv_heads = 0;
+    assert!(err(plan(&zero_heads, 100, 1)).contains("KV heads"));
+    assert!(err(plan(&[], 100, 1)).contains("one layer"));
     // The largest plans that fit are still exact: twice the batch, twice the bytes.
     let one = plan(&shapes(), 1 << 20, 1).unwrap().bytes;
     assert_eq!(plan(&shapes(), 1 << 20, 2).unwrap().bytes, 2 * one);
