@@ -39,6 +39,21 @@ pub struct LayerShape {
     pub window: Option<usize>,
 }
 
+impl LayerShape {
+    /// An error unless the KV heads, the head size and any sliding window of layer `layer`
+    /// are at least 1.
+    pub fn check(&self, layer: usize) -> Result<(), CacheError> {
+        if self.window == Some(0) || self.kv_heads == 0 || self.head_dim == 0 {
+            return Err(CacheError::Config(format!(
+                "layer {layer}: KV heads, head size and any sliding window must be at least 1 \
+                 ({} heads of {} elements, window {:?})",
+                self.kv_heads, self.head_dim, self.window
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Errors of the cache; none of them leaves the cache half-updated.
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {

@@ -120,13 +120,7 @@ pub fn plan(
         layer_bytes: Vec::with_capacity(shapes.len()),
     };
     for (l, shape) in shapes.iter().enumerate() {
-        if shape.window == Some(0) || shape.kv_heads == 0 || shape.head_dim == 0 {
-            return Err(CacheError::Config(format!(
-                "layer {l}: KV heads, head size and any sliding window must be at least 1 \
-                 ({} heads of {} elements, window {:?})",
-                shape.kv_heads, shape.head_dim, shape.window
-            )));
-        }
+        shape.check(l)?;
         let schemes = policy
             .layers
             .get(l)

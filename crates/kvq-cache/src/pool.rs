@@ -387,6 +387,7 @@ impl KvCache {
         calibration: &[(Calibration, Calibration)],
         options: &CacheOptions,
     ) -> Result<LayerPool, CacheError> {
+        shape.check(l)?;
         let schemes = policy
             .layers
             .get(l)

@@ -123,6 +123,10 @@ fn impossible_plans_are_errors_not_wrapped_numbers() {
     let mut zero_window = shapes();
     zero_window[0].window = Some(0);
     assert!(err(plan(&zero_window, 100, 1)).contains("sliding window"));
+    // The pool checks shapes by the same rule, before it sizes anything.
+    let cal = vec![(memory::sizing_calibration(), memory::sizing_calibration()); 2];
+    let built = KvCache::new(&zero_window, &policy, &cal, options, 100, 1);
+    assert!(built.err().unwrap().to_string().contains("sliding window"));
     let mut zero_heads = shapes();
     zero_heads[1].kv_heads = 0;
     assert!(err(plan(&zero_heads, 100, 1)).contains("KV heads"));
