@@ -18,7 +18,7 @@ rows=$((15 * 200 * 2048))
 for scheme in "$@"; do
   INTERLEAVE=1 SPAN=1024 ROWS=2048 ROLE="$role" valgrind --tool=cachegrind --cache-sim=no \
     --cachegrind-out-file="$out" "$bin" "$scheme" > /dev/null 2>&1
-  cg_annotate "$out" 2>/dev/null | awk -v scheme="$scheme" -v rows="$rows" '
+  cg_annotate --auto=no "$out" 2>/dev/null | awk -v scheme="$scheme" -v rows="$rows" '
     /file:function/ { listed = 1; next }
     listed && /^ *[0-9,]+ \(/ {
       n = $1; gsub(",", "", n)

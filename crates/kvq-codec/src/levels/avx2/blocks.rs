@@ -1,20 +1,22 @@
-//! The AVX2 kernels on interleaved blocks ([`Interleaving`], `crate::interleaved`) of 2-, 3-
-//! and 4-bit codes, without a table (`q4_0`, `q4_1`, `int4-g*`, `int3-g*`, `int2-g*`) or
-//! through one (`iq4_nl`, `turbo2`–`turbo4`, TurboQuant's fractional runs), and of KIVI's key
-//! blocks ([`ChannelBlocks`], scored under unit scales). The blocks hold each kernel's
+//! The AVX2 kernels on interleaved blocks ([`Interleaving`], `crate::interleaved`) of 1- to
+//! 4-bit codes, without a table (`q4_0`, `q4_1`, `int4-g*`, `int3-g*`, `int2-g*`) or
+//! through one (`iq4_nl`, `turbo2`–`turbo4`, TurboQuant's fractional runs; a table of two
+//! levels, TurboQuant-prod's QJL signs, is read as its codes 0 and 1, `as_read`), and of
+//! KIVI's key blocks ([`ChannelBlocks`], scored under unit scales). The blocks hold each kernel's
 //! vectors as it reads them, so that no row's bytes are rearranged and no score is reduced
 //! across lanes:
 //!
 //! * Scores (keys, [`KernelOrder::Scores`]): a vector holds one 32-bit word of 8 rows (a
-//!   nibble word, a 2-bit plane of a group or a byte of its 3-bit triplets,
-//!   [`Packing::Triplets`]); each *cut* of it, 4 codes of each row one per byte (the low or
-//!   high nibbles, a plane's bit pairs, a triplet's codes), meets the
+//!   nibble word, a 2-bit plane of a group, a byte of its 3-bit triplets,
+//!   [`Packing::Triplets`], or a group's 32 bits); each *cut* of it, 4 codes of each row one
+//!   per byte (the low or high nibbles, a plane's bit pairs, a triplet's codes, a nibble's
+//!   bits), meets the
 //!   query's matching word broadcast in `vpmaddubsw`; the 16-bit sums add up over a group (8
 //!   cuts: `8·2·15·127 < 2¹⁵`) before `vpmaddwd` widens them, and each lane ends as one row's
 //!   score, finished and stored 8 rows at a time.
 //! * Sums (values, [`KernelOrder::Sums`]): a vector holds a byte of each of 8 channels of a
-//!   quad of rows (two channels' nibbles, four channels' bit pairs, or a byte of triplets'
-//!   two whole codes and bits of two more); against
+//!   quad of rows (two channels' nibbles, four channels' bit pairs, a byte of triplets'
+//!   two whole codes and bits of two more, or four channels' bits of two quads); against
 //!   the quad's 4 rounded weights broadcast, `vpmaddubsw` adds two rows' products per channel,
 //!   the 16-bit sums add up over 8 quads (4-bit codes) or a tile, and each head's float sums
 //!   of the call (in channel order) are added to its accumulator with the maps' constants at
@@ -32,14 +34,14 @@ use crate::simd::Ahead;
 use std::cell::RefCell;
 
 /// Whether these kernels read blocks of `runs` in place: [`available`], and every run's format
-/// has 4-bit codes, packed 2-bit codes or packed 3-bit codes in triplets
+/// has 4-bit codes, packed 1- or 2-bit codes or packed 3-bit codes in triplets
 /// ([`Packing::Triplets`]), without a table or through one (whose levels are centered on 128).
 pub fn takes(runs: &[Interleaving]) -> bool {
     let run_fits = |r: &Interleaving| {
         let f = &r.format;
         let codes = match f.codes {
             CodeLayout::Packed { bits: 3, .. } => r.packing == Packing::Triplets,
-            CodeLayout::Packed { bits, .. } => bits == 2 || bits == 4,
+            CodeLayout::Packed { bits, .. } => matches!(bits, 1 | 2 | 4),
             CodeLayout::Nibbles { high_at, .. } => high_at.is_none(),
         };
         f.supported() && path(f).is_some() && codes
@@ -94,6 +96,24 @@ fn tile_bytes(run: &Interleaving) -> usize {
     TILE_ROWS / INTERLEAVED_ROWS * run.block_bytes()
 }
 
+/// `run` as these kernels read it, and the factor of its results: a table of two levels
+/// `l₀, l₁` (TurboQuant's QJL signs) is the affine map `unit·(l₁ − l₀)·(code − c)` with
+/// `c = −l₀/(l₁ − l₀)`, so its codes 0 and 1 are multiplied as they are, as a format without a
+/// table centered on `c` (16-bit sums, no table lookup, no signs), and its results times
+/// `unit·(l₁ − l₀)`. Other runs as they are, under 1.
+fn as_read(run: &Interleaving) -> (Interleaving, f32) {
+    match run.format.table {
+        Some(table) if run.format.code_bits() == 1 => {
+            let [low, high] = [0, 1].map(|c| f32::from(table.levels[c]));
+            let mut read = *run;
+            read.format.table = None;
+            read.format.maps.zero = -low / (high - low);
+            (read, table.unit * (high - low))
+        }
+        _ => (*run, 1.0),
+    }
+}
+
 /// [`crate::levels::score_interleaved`] with these kernels: each run scored against its slots
 /// of the prepared queries (those of [`crate::levels::quantize_query`]), the first stored, the
 /// others added. Prefetches `ahead` as it goes.
@@ -113,9 +133,10 @@ pub fn score_interleaved(
         prepared.resize_with(queries.len().div_ceil(HEADS), Default::default);
         for (k, (run, slots)) in runs.iter().zip(slots).enumerate() {
             assert!(queries.iter().all(|q| q.len() >= slots));
+            let (run, factor) = &as_read(run);
             for (q, chunk) in prepared.iter_mut().zip(queries.chunks(HEADS)) {
                 // SAFETY: `takes` checked the CPU; each query holds its `slots`.
-                unsafe { q.fill(&run.format, chunk, slots) };
+                unsafe { q.fill(&run.format, chunk, slots, *factor) };
             }
             // Where the scores of absent heads go.
             let mut sink = [0f32; TILE_ROWS];
@@ -211,6 +232,7 @@ pub fn accumulate_interleaved(
         } = &mut *scratch.borrow_mut();
         let heads = weights.len().next_multiple_of(HEADS);
         for run in runs {
+            let (run, factor) = &as_read(run);
             let (format, w) = (&run.format, run.format.width);
             assert!(accs.iter().all(|a| a.len() >= run.first + w));
             slots.clear();
@@ -255,7 +277,7 @@ pub fn accumulate_interleaved(
                 {
                     let constant = constants[g / per_map];
                     for (a, &x) in acc.iter_mut().zip(slots) {
-                        *a += x + constant;
+                        *a += factor * (x + constant);
                     }
                 }
             }
@@ -286,9 +308,16 @@ mod kernels {
 
     impl Queries {
         /// Reads up to [`HEADS`] prepared queries of `format` whose slots begin `slots`
-        /// values before their end; missing heads are zero.
+        /// values before their end, their scores to be multiplied by `factor`; missing heads
+        /// are zero.
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn fill(&mut self, format: &LevelFormat, queries: &[&[f32]], slots: usize) {
+        pub unsafe fn fill(
+            &mut self,
+            format: &LevelFormat,
+            queries: &[&[f32]],
+            slots: usize,
+            factor: f32,
+        ) {
             // A table's levels are read less their center.
             let center = if format.table.is_some() {
                 0.0
@@ -308,13 +337,14 @@ mod kernels {
                 }
                 for (g, terms) in self.terms.iter_mut().enumerate() {
                     let map = &s[w / 4 + QUERY_MAP * g..];
-                    for (i, x) in [map[0], -center * map[1], map[2]].into_iter().enumerate() {
+                    let [sigma, sum, exact] = [map[0], map[1], map[2]].map(|x| factor * x);
+                    for (i, x) in [sigma, -center * sum, exact].into_iter().enumerate() {
                         terms[i][h] = x;
                         self.totals[i][h] += x;
                     }
                 }
                 // One-map rows' queries have one σ for all groups: not a sum.
-                self.totals[0][h] = s[w / 4];
+                self.totals[0][h] = factor * s[w / 4];
             }
         }
 
@@ -441,8 +471,11 @@ mod kernels {
                     (false, 3) => {
                         score_tile_as::<$one, $min, 3, false, false>(run, q, tile, out, add, ahead)
                     }
-                    (false, _) => {
+                    (false, 2) => {
                         score_tile_as::<$one, $min, 2, false, false>(run, q, tile, out, add, ahead)
+                    }
+                    (false, _) => {
+                        score_tile_as::<$one, $min, 1, false, false>(run, q, tile, out, add, ahead)
                     }
                     (true, 4) => {
                         score_tile_as::<$one, $min, 4, true, false>(run, q, tile, out, add, ahead)
@@ -450,8 +483,11 @@ mod kernels {
                     (true, 3) => {
                         score_tile_as::<$one, $min, 3, true, false>(run, q, tile, out, add, ahead)
                     }
-                    (true, _) => {
+                    (true, 2) => {
                         score_tile_as::<$one, $min, 2, true, false>(run, q, tile, out, add, ahead)
+                    }
+                    (true, _) => {
+                        score_tile_as::<$one, $min, 1, true, false>(run, q, tile, out, add, ahead)
                     }
                 }
             };
@@ -488,6 +524,26 @@ mod kernels {
     unsafe fn plane_codes(plane: __m256i, j: usize) -> __m256i {
         let pairs = _mm256_srl_epi16(plane, _mm_cvtsi32_si128(2 * j as i32));
         _mm256_and_si256(pairs, _mm256_set1_epi8(3))
+    }
+
+    /// Cut `k` of a group's 1-bit codes, bits `4k…4k + 3` of each 32-bit word of `bits` (those
+    /// of channels `4k…4k + 3`, as the query's word `k` holds them) one per byte: byte `k/2`
+    /// of the word in its 4 bytes, each byte's own bit kept, and made 0 or 1.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn bit_cut(bits: __m256i, k: usize) -> __m256i {
+        // Byte `4d + k/2` into the 4 bytes of each word `d` of a 128-bit lane.
+        let words = _mm256_setr_epi8(
+            0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8,
+            12, 12, 12, 12,
+        );
+        let spread = _mm256_shuffle_epi8(
+            bits,
+            _mm256_add_epi8(words, _mm256_set1_epi8((k / 2) as i8)),
+        );
+        let first = 4 * (k % 2);
+        let own = _mm256_set1_epi32(i32::from_le_bytes([1, 2, 4, 8].map(|b| b << first)));
+        _mm256_min_epu8(_mm256_and_si256(spread, own), _mm256_set1_epi8(1))
     }
 
     /// Cuts `2P` and `2P + 1` of 3-bit codes in triplets ([`super::Packing::Triplets`]),
@@ -631,6 +687,11 @@ mod kernels {
                         add_pair(1, triplet_cuts::<1>(byte));
                         add_pair(2, triplet_cuts::<2>(byte));
                         add_pair(3, triplet_cuts::<3>(byte));
+                    } else if BITS == 1 {
+                        let bits = word(g);
+                        for k in 0..8 {
+                            add(k, bit_cut(bits, k));
+                        }
                     } else {
                         let planes = [word(2 * g), word(2 * g + 1)];
                         for k in 0..8 {
@@ -725,7 +786,8 @@ mod kernels {
                 match format.code_bits() {
                     4 => sums.nibbles::<$table, $signed>(slots, ahead),
                     3 => sums.triplets::<$table, $signed>(slots, ahead),
-                    _ => sums.planes::<$table, $signed>(slots, ahead),
+                    2 => sums.planes::<$table, $signed>(slots, ahead),
+                    _ => sums.bits::<$table, $signed>(slots, ahead),
                 }
             };
         }
@@ -943,6 +1005,29 @@ mod kernels {
                 self.tile_sums::<TABLE, SIGNED, 1>(128 * s + 32 * (p / 4), m, |pair, q| {
                     let plane = _mm256_loadu_si256(pair.add(64 * q) as *const _);
                     [plane_codes(plane, p % 4)]
+                })
+            };
+            self.passes::<TABLE, 1>(8, channel, sums, slots, ahead);
+        }
+
+        /// 1-bit codes: per 8 channels (a slice of 64, a half of its bytes, a bit `j` of each
+        /// quad's nibble) the whole tile's quads at once (`16·2·127 < 2¹⁵`); through a table
+        /// as [`Sums::planes`].
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn bits<const TABLE: bool, const SIGNED: bool>(
+            &self,
+            slots: &mut [f32],
+            ahead: &mut Ahead,
+        ) {
+            // Pass `p`: half `p / 4` of the slice's bytes, bit `p mod 4` of each quad's nibble.
+            let channel = |p: usize| 16 * (p % 4) + 8 * (p / 4);
+            let sums = |s: usize, p: usize, m: usize| {
+                // Both quads' bits in one plane, the first's in the low nibbles.
+                self.tile_sums::<TABLE, SIGNED, 1>(64 * s + 32 * (p / 4), m, |pair, q| {
+                    let plane = _mm256_loadu_si256(pair as *const _);
+                    let bits = _mm256_srl_epi16(plane, _mm_cvtsi32_si128((4 * q + p % 4) as i32));
+                    [_mm256_and_si256(bits, _mm256_set1_epi8(1))]
                 })
             };
             self.passes::<TABLE, 1>(8, channel, sums, slots, ahead);
