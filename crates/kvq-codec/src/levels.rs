@@ -47,7 +47,7 @@
 //! The kernels need AVX-512 F/BW/DQ/VNNI/VBMI/VBMI2 ([`available`]); elsewhere [`avx2`]'s
 //! kernels take the row layout's formats, their runs and the channel blocks' scores
 //! (`vpmaddubsw` on 4-bit codes without a table, `vpmaddwd` on the others' decoded levels),
-//! and [`avx2::blocks`] reads the interleaved blocks of 2- to 4-bit codes in place (the
+//! and [`avx2::blocks`] reads the interleaved blocks of 1- to 4-bit codes in place (the
 //! cache's layout); the float kernels take the rest, as they take everything after
 //! [`set_enabled`]`(false)`.
 
