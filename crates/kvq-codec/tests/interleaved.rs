@@ -1,15 +1,24 @@
 //! Interleaved blocks ([`kvq_codec::interleaved`]) against the codecs they wrap: the same bytes
 //! in another order, the same values, and the same kernel results, whole blocks or partly
-//! written ones.
+//! written ones; under each kernel family's layout (the AVX-512 kernels' where the CPU has
+//! them, the AVX2 kernels' on any x86 CPU, [`on_every_isa`]).
 
 use kvq_codec::interleaved::{interleave, Layout};
 use kvq_codec::levels::INTERLEAVED_ROWS;
-use kvq_codec::simd::Ahead;
+use kvq_codec::simd::{with_isa_limit, Ahead, Isa};
 use kvq_codec::{build_codec, scheme_names, Calibration, Codec, Role, SchemeKind};
 use rand::{Rng, SeedableRng};
 
 /// A scheme's name, a role, a codec of it and the same codec interleaved.
 type Wrapped = (String, Role, Box<dyn Codec>, Box<dyn Codec>);
+
+/// Runs `test` under each ISA limit whose kernels lay out and read the blocks their own way:
+/// the AVX-512 kernels (where the CPU has them; elsewhere this is the next) and the AVX2 ones.
+fn on_every_isa(test: impl Fn(Isa)) {
+    for isa in [Isa::Avx512, Isa::Avx2] {
+        with_isa_limit(isa, || test(isa));
+    }
+}
 
 /// Every scheme whose blocks the integer kernels read (one-row blocks with levels, keys in
 /// per-channel blocks), at every head size and role.
@@ -97,59 +106,61 @@ fn written(codec: &dyn Codec, rows: &[f32]) -> Vec<u8> {
 
 #[test]
 fn blocks_are_their_rows_permuted_and_decode_the_same() {
-    for (name, role, plain, wrapped) in wrapped_codecs() {
-        let d = plain.head_dim();
-        let ctx = format!("{name} d{d} {role:?}");
-        let sources = Layout::of(plain.as_ref(), role).unwrap().bit_sources();
-        // A permutation of the 16 rows' bits.
-        let mut seen = vec![false; sources.len()];
-        for &s in &sources {
-            assert!(!seen[s as usize], "{ctx}: bit {s} of the rows held twice");
-            seen[s as usize] = true;
-        }
-        assert_eq!(sources.len(), 8 * wrapped.block_bytes(), "{ctx}");
-        assert_eq!(
-            wrapped.bits_per_element(),
-            plain.bits_per_element(),
-            "{ctx}"
-        );
-
-        let rows = random_rows(2 * wrapped.block_tokens(), d, 5, 1.0);
-        let plain_bytes = encoded(plain.as_ref(), &rows);
-        let blocks = encoded(wrapped.as_ref(), &rows);
-        for (block, rows_bytes) in blocks
-            .chunks_exact(wrapped.block_bytes())
-            .zip(plain_bytes.chunks_exact(wrapped.block_bytes()))
-        {
-            let bit = |bytes: &[u8], i: usize| (bytes[i / 8] >> (i % 8)) & 1;
-            for (i, &s) in sources.iter().enumerate() {
-                assert_eq!(bit(block, i), bit(rows_bytes, s as usize), "{ctx}: bit {i}");
+    on_every_isa(|isa| {
+        for (name, role, plain, wrapped) in wrapped_codecs() {
+            let d = plain.head_dim();
+            let ctx = format!("{name} d{d} {role:?} {isa:?}");
+            let sources = Layout::of(plain.as_ref(), role).unwrap().bit_sources();
+            // A permutation of the 16 rows' bits.
+            let mut seen = vec![false; sources.len()];
+            for &s in &sources {
+                assert!(!seen[s as usize], "{ctx}: bit {s} of the rows held twice");
+                seen[s as usize] = true;
             }
-        }
-        assert_eq!(written(wrapped.as_ref(), &rows), blocks, "{ctx}");
+            assert_eq!(sources.len(), 8 * wrapped.block_bytes(), "{ctx}");
+            assert_eq!(
+                wrapped.bits_per_element(),
+                plain.bits_per_element(),
+                "{ctx}"
+            );
 
-        let decode = |codec: &dyn Codec, bytes: &[u8]| {
-            let per_block = codec.block_tokens() * d;
-            let mut out = vec![0f32; rows.len()];
-            for (b, o) in bytes
-                .chunks_exact(codec.block_bytes())
-                .zip(out.chunks_exact_mut(per_block))
+            let rows = random_rows(2 * wrapped.block_tokens(), d, 5, 1.0);
+            let plain_bytes = encoded(plain.as_ref(), &rows);
+            let blocks = encoded(wrapped.as_ref(), &rows);
+            for (block, rows_bytes) in blocks
+                .chunks_exact(wrapped.block_bytes())
+                .zip(plain_bytes.chunks_exact(wrapped.block_bytes()))
             {
-                codec.decode(b, o);
+                let bit = |bytes: &[u8], i: usize| (bytes[i / 8] >> (i % 8)) & 1;
+                for (i, &s) in sources.iter().enumerate() {
+                    assert_eq!(bit(block, i), bit(rows_bytes, s as usize), "{ctx}: bit {i}");
+                }
             }
-            out
-        };
-        assert_eq!(
-            decode(wrapped.as_ref(), &blocks),
-            decode(plain.as_ref(), &plain_bytes),
-            "{ctx}: decoded values"
-        );
-        let mut working = vec![0f32; rows.len() / d * wrapped.working_len()];
-        let mut plain_working = working.clone();
-        wrapped.decode_working(&blocks, &mut working);
-        plain.decode_working(&plain_bytes, &mut plain_working);
-        assert_eq!(working, plain_working, "{ctx}: working rows");
-    }
+            assert_eq!(written(wrapped.as_ref(), &rows), blocks, "{ctx}");
+
+            let decode = |codec: &dyn Codec, bytes: &[u8]| {
+                let per_block = codec.block_tokens() * d;
+                let mut out = vec![0f32; rows.len()];
+                for (b, o) in bytes
+                    .chunks_exact(codec.block_bytes())
+                    .zip(out.chunks_exact_mut(per_block))
+                {
+                    codec.decode(b, o);
+                }
+                out
+            };
+            assert_eq!(
+                decode(wrapped.as_ref(), &blocks),
+                decode(plain.as_ref(), &plain_bytes),
+                "{ctx}: decoded values"
+            );
+            let mut working = vec![0f32; rows.len() / d * wrapped.working_len()];
+            let mut plain_working = working.clone();
+            wrapped.decode_working(&blocks, &mut working);
+            plain.decode_working(&plain_bytes, &mut plain_working);
+            assert_eq!(working, plain_working, "{ctx}: working rows");
+        }
+    });
 }
 
 /// Scores and sums of `heads` random queries and weights (zero from row `live` on) over the
@@ -214,19 +225,21 @@ fn assert_close(ctx: &str, what: &str, a: &[Vec<f32>], b: &[Vec<f32>], relative:
 
 #[test]
 fn kernels_on_blocks_equal_the_kernels_on_rows() {
-    for (name, role, plain, wrapped) in wrapped_codecs() {
-        // 96 rows (a whole tile of the integer kernels, then half a tile), or whole blocks.
-        let rows_n = (6 * INTERLEAVED_ROWS).next_multiple_of(wrapped.block_tokens());
-        let d = plain.head_dim();
-        let ctx = format!("{name} d{d} {role:?}");
-        let rows = random_rows(rows_n, d, 17, 1.0);
-        let plain_bytes = encoded(plain.as_ref(), &rows);
-        let blocks = written(wrapped.as_ref(), &rows);
-        let on_blocks = kernel_results(wrapped.as_ref(), &blocks, rows_n, rows_n, 3);
-        let on_rows = kernel_results(plain.as_ref(), &plain_bytes, rows_n, rows_n, 3);
-        assert_close(&ctx, "scores", &on_blocks.0, &on_rows.0, 1e-5);
-        assert_close(&ctx, "sums", &on_blocks.1, &on_rows.1, 1e-5);
-    }
+    on_every_isa(|isa| {
+        for (name, role, plain, wrapped) in wrapped_codecs() {
+            // 96 rows (a whole tile of the integer kernels, then half a tile), or whole blocks.
+            let rows_n = (6 * INTERLEAVED_ROWS).next_multiple_of(wrapped.block_tokens());
+            let d = plain.head_dim();
+            let ctx = format!("{name} d{d} {role:?} {isa:?}");
+            let rows = random_rows(rows_n, d, 17, 1.0);
+            let plain_bytes = encoded(plain.as_ref(), &rows);
+            let blocks = written(wrapped.as_ref(), &rows);
+            let on_blocks = kernel_results(wrapped.as_ref(), &blocks, rows_n, rows_n, 3);
+            let on_rows = kernel_results(plain.as_ref(), &plain_bytes, rows_n, rows_n, 3);
+            assert_close(&ctx, "scores", &on_blocks.0, &on_rows.0, 1e-5);
+            assert_close(&ctx, "sums", &on_blocks.1, &on_rows.1, 1e-5);
+        }
+    });
 }
 
 /// A partly written block (rows past the written ones hold what an earlier sequence left
@@ -234,19 +247,21 @@ fn kernels_on_blocks_equal_the_kernels_on_rows() {
 /// under zero weights for the rest that round the written rows' weights as finely.
 #[test]
 fn unwritten_rows_of_a_block_change_nothing() {
-    let (written_rows, rows_n) = (INTERLEAVED_ROWS + 5, 2 * INTERLEAVED_ROWS);
-    let row_codecs = wrapped_codecs().into_iter().filter(|w| w.3.writes_rows());
-    for (name, role, plain, wrapped) in row_codecs {
-        let d = plain.head_dim();
-        let ctx = format!("{name} d{d} {role:?}");
-        let mut rows = random_rows(rows_n, d, 23, 1000.0);
-        rows[..written_rows * d].copy_from_slice(&random_rows(written_rows, d, 29, 1.0));
-        let blocks = written(wrapped.as_ref(), &rows);
-        let plain_bytes = encoded(plain.as_ref(), &rows[..written_rows * d]);
-        let (scores, sums) = kernel_results(wrapped.as_ref(), &blocks, rows_n, written_rows, 4);
-        let (plain_scores, plain_sums) =
-            kernel_results(plain.as_ref(), &plain_bytes, written_rows, written_rows, 4);
-        assert_close(&ctx, "scores", &scores, &plain_scores, 1e-5);
-        assert_close(&ctx, "sums", &sums, &plain_sums, 1e-5);
-    }
+    on_every_isa(|isa| {
+        let (written_rows, rows_n) = (INTERLEAVED_ROWS + 5, 2 * INTERLEAVED_ROWS);
+        let row_codecs = wrapped_codecs().into_iter().filter(|w| w.3.writes_rows());
+        for (name, role, plain, wrapped) in row_codecs {
+            let d = plain.head_dim();
+            let ctx = format!("{name} d{d} {role:?} {isa:?}");
+            let mut rows = random_rows(rows_n, d, 23, 1000.0);
+            rows[..written_rows * d].copy_from_slice(&random_rows(written_rows, d, 29, 1.0));
+            let blocks = written(wrapped.as_ref(), &rows);
+            let plain_bytes = encoded(plain.as_ref(), &rows[..written_rows * d]);
+            let (scores, sums) = kernel_results(wrapped.as_ref(), &blocks, rows_n, written_rows, 4);
+            let (plain_scores, plain_sums) =
+                kernel_results(plain.as_ref(), &plain_bytes, written_rows, written_rows, 4);
+            assert_close(&ctx, "scores", &scores, &plain_scores, 1e-5);
+            assert_close(&ctx, "sums", &sums, &plain_sums, 1e-5);
+        }
+    });
 }
