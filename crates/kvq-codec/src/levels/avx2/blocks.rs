@@ -517,13 +517,13 @@ mod kernels {
         }
     }
 
-    /// Bits `2j` and `2j + 1` of each byte of `plane`: 4 codes of a 2-bit plane's cut, one
-    /// per byte.
+    /// The `BITS`-bit codes (1 or 2) at bit `at` of each byte of `plane`, one per byte: a
+    /// plane's cut.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn plane_codes(plane: __m256i, j: usize) -> __m256i {
-        let pairs = _mm256_srl_epi16(plane, _mm_cvtsi32_si128(2 * j as i32));
-        _mm256_and_si256(pairs, _mm256_set1_epi8(3))
+    unsafe fn plane_codes<const BITS: usize>(plane: __m256i, at: usize) -> __m256i {
+        let codes = _mm256_srl_epi16(plane, _mm_cvtsi32_si128(at as i32));
+        _mm256_and_si256(codes, _mm256_set1_epi8((1 << BITS) - 1))
     }
 
     /// Cut `k` of a group's 1-bit codes, bits `4k…4k + 3` of each 32-bit word of `bits` (those
@@ -695,7 +695,7 @@ mod kernels {
                     } else {
                         let planes = [word(2 * g), word(2 * g + 1)];
                         for k in 0..8 {
-                            add(k, plane_codes(planes[k / 4], k % 4));
+                            add(k, plane_codes::<2>(planes[k / 4], 2 * (k % 4)));
                         }
                     }
                     let wide = if TABLE {
@@ -786,8 +786,8 @@ mod kernels {
                 match format.code_bits() {
                     4 => sums.nibbles::<$table, $signed>(slots, ahead),
                     3 => sums.triplets::<$table, $signed>(slots, ahead),
-                    2 => sums.planes::<$table, $signed>(slots, ahead),
-                    _ => sums.bits::<$table, $signed>(slots, ahead),
+                    2 => sums.planes::<$table, $signed, 2>(slots, ahead),
+                    _ => sums.planes::<$table, $signed, 1>(slots, ahead),
                 }
             };
         }
@@ -988,46 +988,31 @@ mod kernels {
             }
         }
 
-        /// 2-bit codes in bit planes: per 8 channels (a slice of 64, a half of its bytes, a
-        /// bit pair `j`) the whole tile's quads at once (`16·2·3·127 < 2¹⁵`). Through a table
-        /// (`TABLE`), the sums are 32-bit ([`add_levels`], `SIGNED` as there).
+        /// 1- or 2-bit codes (`BITS`) in bit planes: per 8 channels (a slice of 64, a half of
+        /// its bytes, a bit pair or bit `j` of each byte) the whole tile's quads at once
+        /// (`16·2·3·127 < 2¹⁵`). 2-bit codes: each quad's plane of bit pairs, the second quad's
+        /// 64 bytes after the first's; 1-bit codes: one plane, the first quad's bits in the
+        /// low nibbles. Through a table (`TABLE`), the sums are 32-bit ([`add_levels`],
+        /// `SIGNED` as there).
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn planes<const TABLE: bool, const SIGNED: bool>(
+        unsafe fn planes<const TABLE: bool, const SIGNED: bool, const BITS: usize>(
             &self,
             slots: &mut [f32],
             ahead: &mut Ahead,
         ) {
-            // Pass `p`: half `p / 4` of the slice's bytes, bit pair `p mod 4`.
+            // Pass `p`: half `p / 4` of the slice's bytes, bit pair or bit `p mod 4`.
             let channel = |p: usize| 16 * (p % 4) + 8 * (p / 4);
             let sums = |s: usize, p: usize, m: usize| {
-                // Quad `q`'s plane 64 bytes after the other's.
-                self.tile_sums::<TABLE, SIGNED, 1>(128 * s + 32 * (p / 4), m, |pair, q| {
-                    let plane = _mm256_loadu_si256(pair.add(64 * q) as *const _);
-                    [plane_codes(plane, p % 4)]
-                })
-            };
-            self.passes::<TABLE, 1>(8, channel, sums, slots, ahead);
-        }
-
-        /// 1-bit codes: per 8 channels (a slice of 64, a half of its bytes, a bit `j` of each
-        /// quad's nibble) the whole tile's quads at once (`16·2·127 < 2¹⁵`); through a table
-        /// as [`Sums::planes`].
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn bits<const TABLE: bool, const SIGNED: bool>(
-            &self,
-            slots: &mut [f32],
-            ahead: &mut Ahead,
-        ) {
-            // Pass `p`: half `p / 4` of the slice's bytes, bit `p mod 4` of each quad's nibble.
-            let channel = |p: usize| 16 * (p % 4) + 8 * (p / 4);
-            let sums = |s: usize, p: usize, m: usize| {
-                // Both quads' bits in one plane, the first's in the low nibbles.
-                self.tile_sums::<TABLE, SIGNED, 1>(64 * s + 32 * (p / 4), m, |pair, q| {
-                    let plane = _mm256_loadu_si256(pair as *const _);
-                    let bits = _mm256_srl_epi16(plane, _mm_cvtsi32_si128((4 * q + p % 4) as i32));
-                    [_mm256_and_si256(bits, _mm256_set1_epi8(1))]
+                let at = 64 * BITS * s + 32 * (p / 4);
+                self.tile_sums::<TABLE, SIGNED, 1>(at, m, |pair, q| {
+                    let (plane, bit) = if BITS == 2 {
+                        (pair.add(64 * q), 2 * (p % 4))
+                    } else {
+                        (pair, 4 * q + p % 4)
+                    };
+                    let plane = _mm256_loadu_si256(plane as *const _);
+                    [plane_codes::<BITS>(plane, bit)]
                 })
             };
             self.passes::<TABLE, 1>(8, channel, sums, slots, ahead);
