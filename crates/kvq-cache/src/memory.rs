@@ -2,7 +2,7 @@
 //! pool follows (pages per sequence, full-precision rows reserved per sequence).
 
 use crate::pool::write_tokens;
-use crate::pool::{flushable, full_row_format};
+use crate::pool::{flushable, full_row_format, head_page_bytes};
 use crate::{CacheError, CacheOptions, LayerShape, Policy};
 use kvq_codec::float::FloatFormat;
 use kvq_codec::{Calibration, Codec, OakenThresholds, Role, SchemeKind};
@@ -128,8 +128,8 @@ pub fn plan(
         let k = sizing_codec(schemes.k, Role::Key, shape.head_dim, options)?;
         let v = sizing_codec(schemes.v, Role::Value, shape.head_dim, options)?;
         let flush = lcm(write_tokens(k.as_ref()), write_tokens(v.as_ref()));
-        let per_page = |c: &dyn Codec| options.page_tokens / c.block_tokens() * c.block_bytes();
-        let page_bytes = shape.kv_heads * (per_page(k.as_ref()) + per_page(v.as_ref()));
+        let per_head = |c: &dyn Codec| head_page_bytes(c, options.page_tokens);
+        let page_bytes = shape.kv_heads * (per_head(k.as_ref()) + per_head(v.as_ref()));
         let pages = pages_per_sequence(shape, flush, options, ctx);
         let full_bytes_per_row = match full_row_format(schemes.k, schemes.v) {
             FloatFormat::F32 => 4,

@@ -410,11 +410,10 @@ impl KvCache {
             write_tokens(v_codec.as_ref()),
         );
         let full_format = full_row_format(schemes.k, schemes.v);
-        let page_blocks = |c: &dyn Codec| options.page_tokens / c.block_tokens() * c.block_bytes();
         Ok(LayerPool {
             shape: *shape,
-            k_head_bytes: page_blocks(k_codec.as_ref()),
-            v_head_bytes: page_blocks(v_codec.as_ref()),
+            k_head_bytes: head_page_bytes(k_codec.as_ref(), options.page_tokens),
+            v_head_bytes: head_page_bytes(v_codec.as_ref(), options.page_tokens),
             k_codec,
             v_codec,
             full_codec: FloatCodec::new(full_format, shape.head_dim),
@@ -780,6 +779,12 @@ pub fn write_tokens(codec: &dyn Codec) -> usize {
     } else {
         codec.block_tokens()
     }
+}
+
+/// Bytes of one KV head's `codec` blocks in a page of `page_tokens` tokens (a multiple of its
+/// block): what the pool allocates, and what the memory plan counts.
+pub(crate) fn head_page_bytes(codec: &dyn Codec, page_tokens: usize) -> usize {
+    page_tokens / codec.block_tokens() * codec.block_bytes()
 }
 
 /// Format of the full-precision rows (sinks, hot window): f16, or the scheme itself when both
