@@ -461,6 +461,8 @@ mod kernels {
         ahead: &mut Ahead,
     ) {
         let format = &run.format;
+        // A table of 1-bit codes (two levels) comes here read as its codes ([`as_read`]).
+        debug_assert!(format.table.is_none() || format.code_bits() > 1);
         let one_map = format.maps.channels >= format.width;
         macro_rules! by_bits {
             ($one:literal, $min:literal) => {
@@ -483,11 +485,8 @@ mod kernels {
                     (true, 3) => {
                         score_tile_as::<$one, $min, 3, true, false>(run, q, tile, out, add, ahead)
                     }
-                    (true, 2) => {
-                        score_tile_as::<$one, $min, 2, true, false>(run, q, tile, out, add, ahead)
-                    }
                     (true, _) => {
-                        score_tile_as::<$one, $min, 1, true, false>(run, q, tile, out, add, ahead)
+                        score_tile_as::<$one, $min, 2, true, false>(run, q, tile, out, add, ahead)
                     }
                 }
             };
