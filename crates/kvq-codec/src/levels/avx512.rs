@@ -12,6 +12,29 @@ use super::{
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
+/// `$pass!(H, B)` for a pass over `heads` heads (`H` = 1 to 4, and 4 for more) and codes of
+/// `bits` bits (`B` = 1, 2, 3 or 5, and 4 for any other): the kernels are compiled for each
+/// pair, their loops unrolled for it.
+macro_rules! for_heads_and_bits {
+    ($heads:expr, $bits:expr, $pass:ident) => {
+        match $heads {
+            1 => for_heads_and_bits!(@bits 1, $bits, $pass),
+            2 => for_heads_and_bits!(@bits 2, $bits, $pass),
+            3 => for_heads_and_bits!(@bits 3, $bits, $pass),
+            _ => for_heads_and_bits!(@bits 4, $bits, $pass),
+        }
+    };
+    (@bits $h:literal, $bits:expr, $pass:ident) => {
+        match $bits {
+            1 => $pass!($h, 1),
+            2 => $pass!($h, 2),
+            3 => $pass!($h, 3),
+            5 => $pass!($h, 5),
+            _ => $pass!($h, 4),
+        }
+    };
+}
+
 /// Heads whose sums one pass keeps in registers.
 pub const SUM_HEADS: usize = 4;
 
@@ -1157,28 +1180,7 @@ pub unsafe fn score_tile<S: Source>(
                 }
             };
         }
-        match (q.len(), format.code_bits()) {
-            (1, 5) => pass!(1, 5),
-            (2, 5) => pass!(2, 5),
-            (3, 5) => pass!(3, 5),
-            (_, 5) => pass!(4, 5),
-            (1, 1) => pass!(1, 1),
-            (2, 1) => pass!(2, 1),
-            (3, 1) => pass!(3, 1),
-            (_, 1) => pass!(4, 1),
-            (1, 2) => pass!(1, 2),
-            (2, 2) => pass!(2, 2),
-            (3, 2) => pass!(3, 2),
-            (_, 2) => pass!(4, 2),
-            (1, 3) => pass!(1, 3),
-            (2, 3) => pass!(2, 3),
-            (3, 3) => pass!(3, 3),
-            (_, 3) => pass!(4, 3),
-            (1, _) => pass!(1, 4),
-            (2, _) => pass!(2, 4),
-            (3, _) => pass!(3, 4),
-            _ => pass!(4, 4),
-        }
+        for_heads_and_bits!(q.len(), format.code_bits(), pass);
     }
 }
 
@@ -1438,60 +1440,15 @@ pub unsafe fn accumulate_tile<S: Source>(
             }
         }
         let accs = &mut accs[h0..h0 + heads];
-        match (heads, format.code_bits()) {
-            (1, 5) => {
-                sums_of_levels::<1, 5, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
-            (2, 5) => {
-                sums_of_levels::<2, 5, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
-            (3, 5) => {
-                sums_of_levels::<3, 5, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
-            (_, 5) => {
-                sums_of_levels::<4, 5, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
-            (1, 1) => {
-                sums_of_levels::<1, 1, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
-            (2, 1) => {
-                sums_of_levels::<2, 1, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
-            (3, 1) => {
-                sums_of_levels::<3, 1, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
-            (_, 1) => {
-                sums_of_levels::<4, 1, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
-            (1, 4) => sums_of_nibbles::<1, S>(tile, decoder, rows, &rounded, accs, channel, ahead),
-            (2, 4) => sums_of_nibbles::<2, S>(tile, decoder, rows, &rounded, accs, channel, ahead),
-            (3, 4) => sums_of_nibbles::<3, S>(tile, decoder, rows, &rounded, accs, channel, ahead),
-            (_, 4) => sums_of_nibbles::<4, S>(tile, decoder, rows, &rounded, accs, channel, ahead),
-            (1, 3) => {
-                sums_of_levels::<1, 3, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
-            (2, 3) => {
-                sums_of_levels::<2, 3, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
-            (3, 3) => {
-                sums_of_levels::<3, 3, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
-            (_, 3) => {
-                sums_of_levels::<4, 3, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
-            (1, _) => {
-                sums_of_levels::<1, 2, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
-            (2, _) => {
-                sums_of_levels::<2, 2, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
-            (3, _) => {
-                sums_of_levels::<3, 2, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
-            (_, _) => {
-                sums_of_levels::<4, 2, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
-            }
+        macro_rules! pass {
+            ($h:literal, 4) => {
+                sums_of_nibbles::<$h, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+            };
+            ($h:literal, $b:literal) => {
+                sums_of_levels::<$h, $b, S>(tile, decoder, rows, &rounded, accs, channel, ahead)
+            };
         }
+        for_heads_and_bits!(heads, format.code_bits(), pass);
     }
 }
 
